@@ -1,0 +1,1 @@
+"""The `chunkpilot` command. Subcommands import their part lazily so `chunkpilot --help` needs no torch."""

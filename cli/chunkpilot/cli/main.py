@@ -1,0 +1,18 @@
+"""`chunkpilot` — one command for every part: engine, model, (later) operator, tuner, bench, crds, demo."""
+
+from __future__ import annotations
+
+import typer
+
+from chunkpilot.cli import engine, model
+
+app = typer.Typer(
+    help="chunkpilot: LLM inference on Kubernetes that keeps its latency SLOs by tuning chunked prefill online.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(engine.app, name="engine")
+app.add_typer(model.app, name="model")
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,44 @@
+"""Engine settings, validated once at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    dtype: str = "auto"  # "auto": the checkpoint's dtype on GPU, float32 on CPU (CPU half-precision GEMMs are slow)
+    device: str = "auto"  # "auto": cuda if available, else cpu
+    token_budget: int = 512
+    max_chunk: int = 512
+    max_num_seqs: int = 32
+    max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # explicit pool size; else from kv_cache_memory
+    kv_cache_memory_gb: float | None = None  # CPU: bytes for the pool (default 1 GB)
+    gpu_memory_utilization: float = 0.85  # GPU: fraction of total memory for weights + pool
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    threads: int | None = None  # torch intra-op threads on CPU
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        for name in ("token_budget", "max_chunk", "max_num_seqs", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.max_chunk > self.token_budget:
+            raise ValueError(f"max_chunk ({self.max_chunk}) must be <= token_budget ({self.token_budget})")
+        if self.token_budget < self.max_num_seqs:
+            raise ValueError(
+                f"token_budget ({self.token_budget}) must be >= max_num_seqs ({self.max_num_seqs}): every running "
+                "sequence gets one decode token per step; lower max_num_seqs or raise token_budget"
+            )
+        if not 0.05 <= self.gpu_memory_utilization <= 0.99:
+            raise ValueError(f"gpu_memory_utilization must be in [0.05, 0.99], got {self.gpu_memory_utilization}")

@@ -1,0 +1,226 @@
+"""The step-level engine: requests in, one scheduled forward per `step()`, incremental outputs out.
+
+`add_request` and `abort` may be called from any thread; they are queued and applied at the next step boundary,
+so the step loop (and the scheduler it owns) stays single-threaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from chunkpilot.engine.block_manager import BlockManager
+from chunkpilot.engine.config import EngineConfig
+from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.kv_cache import KVCache, blocks_for_memory
+from chunkpilot.engine.model import LlamaModel
+from chunkpilot.engine.model_config import ModelConfig
+from chunkpilot.engine.model_runner import ModelRunner
+from chunkpilot.engine.outputs import RequestOutput, TokenLogprob
+from chunkpilot.engine.sampler import Sampler
+from chunkpilot.engine.sampling_params import SamplingParams
+from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
+from chunkpilot.engine.sequence import FinishReason, Sequence
+from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from chunkpilot.engine.weights import load_weights
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class StepStats:
+    """What the last step did, for metrics and the simulator's cost model."""
+
+    num_tokens: int = 0
+    num_decodes: int = 0
+    num_prefill_tokens: int = 0
+    seconds: float = 0.0
+    preempted: list[str] = field(default_factory=list)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        return _DTYPES.get(model_cfg.dtype, torch.bfloat16)
+    return _DTYPES[name]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.device = resolve_device(config.device)
+        self.model_config = ModelConfig.from_dir(config.model)
+        self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
+        self.tokenizer = Tokenizer(config.model)
+        self.max_model_len = config.max_model_len or min(self.model_config.max_position_embeddings, 8192)
+        self.model = self._load_model()
+        self.kv_cache = KVCache(self.model_config, self._num_blocks(), config.block_size, self.dtype, self.device)
+        self.block_manager = BlockManager(
+            self.kv_cache.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
+        self.knobs = KnobHolder(
+            SchedulerKnobs(config.token_budget, config.max_chunk, 0), min_token_budget=config.max_num_seqs
+        )
+        eos = self.model_config.eos_token_ids
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs
+        )
+        self.sampler = Sampler(self.device, config.seed)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, self.sampler)
+        self._pending: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._live: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
+        self.last_step = StepStats()
+
+    # ---- construction -----------------------------------------------------------------------------------
+    def _load_model(self) -> LlamaModel:
+        with torch.device("meta"):
+            model = LlamaModel(self.model_config)
+        model = model.to_empty(device=self.device).to(self.dtype)
+        if self.model_config.tie_word_embeddings:  # to_empty makes new tensors: tie them again
+            model.lm_head.weight = model.embed_tokens.weight
+        load_weights(model, self.config.model)
+        return model.eval()
+
+    def _num_blocks(self) -> int:
+        cfg, bs = self.config, self.config.block_size
+        if cfg.num_kv_blocks is not None:
+            n = cfg.num_kv_blocks
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = int(total * cfg.gpu_memory_utilization) - (total - free)
+            n = blocks_for_memory(self.model_config, self.dtype, bs, budget)
+        else:
+            gb = cfg.kv_cache_memory_gb if cfg.kv_cache_memory_gb is not None else 1.0
+            n = blocks_for_memory(self.model_config, self.dtype, bs, int(gb * 2**30))
+        if n * bs < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {n * bs} tokens, less than one sequence of max_model_len={self.max_model_len}: "
+                "give it more memory (--kv-cache-memory-gb / --gpu-memory-utilization) or lower --max-model-len"
+            )
+        return n
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    def make_sequence(
+        self,
+        request_id: str,
+        prompt: str | list[int] | None = None,
+        params: SamplingParams | None = None,
+        *,
+        messages: list[dict] | None = None,
+    ) -> Sequence:
+        """Tokenize and validate a request; raises ValueError naming the field at fault."""
+        params = params or SamplingParams()
+        if messages is not None:
+            token_ids = self.tokenizer.encode_chat(messages)
+        elif isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must be a non-empty string")
+            token_ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, list) and prompt:
+            vocab = self.model_config.vocab_size
+            if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
+                raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+            token_ids = list(prompt)
+        else:
+            raise ValueError("prompt must be a non-empty string or a non-empty list of token ids")
+        if not token_ids:
+            raise ValueError("prompt must contain at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len} (the prompt and at "
+                "least one new token must fit): shorten the prompt"
+            )
+        return Sequence(request_id, token_ids, params)
+
+    def add_request(self, request_id: str, prompt=None, params: SamplingParams | None = None, *, messages=None) -> Sequence:
+        seq = self.make_sequence(request_id, prompt, params, messages=messages)
+        self.submit(seq)
+        return seq
+
+    def submit(self, seq: Sequence) -> None:
+        """Queue a sequence made by `make_sequence`; it joins the batch at the next step."""
+        self._pending.put(("add", seq))
+
+    def abort(self, request_id: str) -> None:
+        self._pending.put(("abort", request_id))
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live) or not self._pending.empty()
+
+    # ---- the step ---------------------------------------------------------------------------------------
+    def _drain(self) -> list[RequestOutput]:
+        outputs = []
+        while True:
+            try:
+                kind, item = self._pending.get_nowait()
+            except queue.Empty:
+                return outputs
+            if kind == "add":
+                seq = item
+                if seq.request_id in self._live:
+                    raise ValueError(f"request id {seq.request_id!r} is already running")
+                self.scheduler.add(seq)
+                self._live[seq.request_id] = (seq, IncrementalDetokenizer(self.tokenizer, list(seq.params.stop)))
+            elif kind == "abort" and item in self._live:
+                seq, detok = self._live.pop(item)
+                self.scheduler.abort(item)
+                self.sampler.forget(item)
+                outputs.append(self._output(seq, [], detok.flush(), []))
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._drain()
+        sched = self.scheduler.schedule()
+        t0 = time.perf_counter()
+        result = self.runner.execute(sched)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.last_step = StepStats(
+            sched.num_tokens, sched.num_decodes, sched.num_prefill_tokens, time.perf_counter() - t0, sched.preempted
+        )
+        for seq in self.scheduler.update(sched, result):
+            outputs.append(self._advance(seq, result.logprobs.get(seq.request_id)))
+        return outputs
+
+    def _advance(self, seq: Sequence, logprob) -> RequestOutput:
+        _, detok = self._live[seq.request_id]
+        token = seq.output_token_ids[-1]
+        text, hit_stop = detok.add(token)
+        if hit_stop:
+            self.scheduler.finish(seq, FinishReason.STOP)
+        if seq.is_finished:
+            text += detok.flush()
+            del self._live[seq.request_id]
+            self.sampler.forget(seq.request_id)
+        lps = [TokenLogprob(token, logprob[0], logprob[1])] if logprob is not None else []
+        return self._output(seq, [token], text, lps)
+
+    @staticmethod
+    def _output(seq: Sequence, tokens: list[int], text: str, lps: list[TokenLogprob]) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=tokens,
+            new_text=text,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+            new_logprobs=lps,
+            num_prompt_tokens=len(seq.prompt_token_ids),
+            num_output_tokens=len(seq.output_token_ids),
+            num_cached_tokens=seq.num_cached_tokens,
+        )

@@ -1,0 +1,117 @@
+"""Runs one scheduler step on the model: flatten every scheduled chunk into one batch, build the paged-attention
+metadata once, one forward, logits only at the positions that sample, then the sampler."""
+
+from __future__ import annotations
+
+import torch
+
+from chunkpilot.engine.attention import AttentionGroup, AttentionMetadata
+from chunkpilot.engine.kv_cache import KVCache
+from chunkpilot.engine.model import LlamaModel
+from chunkpilot.engine.rope import cos_sin_table
+from chunkpilot.engine.sampler import Sampler
+from chunkpilot.engine.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, max_model_len: int, sampler: Sampler) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.device = kv_cache.tensor.device
+        self.dtype = kv_cache.tensor.dtype
+        self.block_size = kv_cache.block_size
+        cfg = model.config
+        cos, sin = cos_sin_table(cfg.rope, cfg.head_dim, max_model_len)
+        self.cos = cos.to(self.device, self.dtype)
+        self.sin = sin.to(self.device, self.dtype)
+        self.sampler = sampler
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        if sched.is_empty:
+            return RunnerOutput(sampled={})
+        chunks = sched.chunks
+        input_ids, positions = self._flatten(chunks)
+        meta = self._metadata(chunks, sched.num_decodes)
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        hidden = self.model(input_ids, cos, sin, self.kv_cache.tensor, meta)
+
+        sampling = [c for c in chunks if c.samples]
+        if not sampling:
+            return RunnerOutput(sampled={})
+        ends, offset = [], 0
+        for c in chunks:
+            offset += c.num_tokens
+            if c.samples:
+                ends.append(offset - 1)
+        logits = self.model.logits(hidden[torch.tensor(ends, device=self.device)])
+        ids = [c.seq.request_id for c in sampling]
+        tokens, logprobs = self.sampler.sample(logits, ids, [c.seq.params for c in sampling])
+        return RunnerOutput(
+            sampled=dict(zip(ids, tokens)),
+            logprobs={rid: lp for rid, lp in zip(ids, logprobs) if lp is not None},
+        )
+
+    def _flatten(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids: list[int] = []
+        for c in chunks:
+            seq = c.seq
+            n_prompt = len(seq.prompt_token_ids)
+            lo, hi = c.start, c.start + c.num_tokens
+            # Slice prompt and output separately: building seq.token_ids would copy the whole context.
+            if lo < n_prompt:
+                ids.extend(seq.prompt_token_ids[lo : min(hi, n_prompt)])
+            if hi > n_prompt:
+                ids.extend(seq.output_token_ids[max(lo, n_prompt) - n_prompt : hi - n_prompt])
+        starts = torch.tensor([c.start for c in chunks])
+        counts = torch.tensor([c.num_tokens for c in chunks])
+        # positions = concatenated arange(start, start + n) for every chunk, without a Python loop per token
+        base = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts)
+        positions = base + torch.arange(int(counts.sum()))
+        return (
+            torch.tensor(ids, dtype=torch.long, device=self.device),
+            positions.to(self.device),
+        )
+
+    def _metadata(self, chunks: list[ScheduledChunk], num_decodes: int) -> AttentionMetadata:
+        groups, slot_parts = [], []
+        row = 0
+        for part in (chunks[:num_decodes], chunks[num_decodes:]):
+            if not part:
+                continue
+            group, slots = self._group(part, row)
+            groups.append(group)
+            slot_parts.append(slots)
+            row += sum(c.num_tokens for c in part)
+        return AttentionMetadata(slot_mapping=torch.cat(slot_parts), groups=groups)
+
+    def _group(self, part: list[ScheduledChunk], first_row: int) -> tuple[AttentionGroup, torch.Tensor]:
+        dev, bs = self.device, self.block_size
+        b = len(part)
+        starts = torch.tensor([c.start for c in part], device=dev)
+        counts = torch.tensor([c.num_tokens for c in part], device=dev)
+        ctx_lens = starts + counts
+        q_max, ctx_max = int(counts.max()), int(ctx_lens.max())
+        n_blocks = -(-ctx_max // bs)
+        table = torch.zeros(b, n_blocks, dtype=torch.long)
+        for i, c in enumerate(part):  # one row per sequence, one entry per block (not per token)
+            bt = c.seq.block_table[: -(-(c.start + c.num_tokens) // bs)]
+            table[i, : len(bt)] = torch.tensor(bt, dtype=torch.long)
+        table = table.to(dev)
+        offsets = torch.arange(bs, device=dev)
+        context_slots = (table[:, :, None] * bs + offsets).reshape(b, -1)[:, :ctx_max]  # [B, L]
+
+        q_pos = torch.arange(q_max, device=dev)
+        query_valid = q_pos[None, :] < counts[:, None]  # [B, Q]
+        row_starts = first_row + torch.cumsum(counts, 0) - counts
+        query_index = row_starts[:, None] + torch.where(query_valid, q_pos[None, :], 0)
+        abs_q = starts[:, None] + q_pos[None, :]  # absolute position of each query
+        k_pos = torch.arange(ctx_max, device=dev)
+        mask = (k_pos[None, None, :] <= abs_q[:, :, None]) & (k_pos[None, None, :] < ctx_lens[:, None, None])
+        # Padded query rows would attend to nothing (NaN in SDPA): let them see key 0; their output is dropped.
+        mask = mask | (~query_valid[:, :, None] & (k_pos[None, None, :] == 0))
+
+        new_slots = context_slots.gather(1, torch.where(query_valid, abs_q, 0))[query_valid]
+        group = AttentionGroup(query_index, query_valid, context_slots, mask[:, None, :, :])
+        return group, new_slots

@@ -1,0 +1,102 @@
+"""Load Hugging Face safetensors checkpoints (one file or sharded with an index) into `LlamaModel`."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from chunkpilot.engine.model import LlamaModel
+
+# checkpoint name suffix -> (our parameter suffix, which slice of the fused parameter)
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    d = Path(model_dir)
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [d / s for s in shards]
+    single = d / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(d.glob("*.safetensors"))
+    if not found:
+        raise ValueError(f"no *.safetensors weights in {d}; convert the checkpoint to safetensors first")
+    return found
+
+
+def load_weights(model: LlamaModel, model_dir: str | Path) -> None:
+    cfg = model.config
+    params = dict(model.named_parameters())
+    q = cfg.num_attention_heads * cfg.head_dim
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    offsets = {"self_attn.qkv_proj": [0, q, q + kv, q + 2 * kv], "mlp.gate_up_proj": [0, cfg.intermediate_size, 2 * cfg.intermediate_size]}
+    loaded: set[str] = set()
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                if "rotary_emb.inv_freq" in name:
+                    continue
+                tensor = f.get_tensor(name)
+                target, piece = _target(name)
+                if target is None:
+                    continue
+                if target == "lm_head.weight" and cfg.tie_word_embeddings:
+                    continue  # tied: the embedding is the head
+                if target not in params:
+                    raise ValueError(f"checkpoint tensor {name} has no place in the model (config mismatch?)")
+                param = params[target]
+                with torch.no_grad():
+                    if piece is None:
+                        dest = param.data
+                    else:
+                        key = target.split(".", 2)[-1].rsplit(".", 1)[0]
+                        lo, hi = offsets[key][piece], offsets[key][piece + 1]
+                        dest = param.data[lo:hi]
+                    if tuple(dest.shape) != tuple(tensor.shape):
+                        raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not fit {tuple(dest.shape)}")
+                    dest.copy_(tensor.to(dest.dtype))
+                loaded.add(f"{target}#{piece}")
+    expected = _expected_keys(model)
+    missing = expected - loaded
+    if missing:
+        raise ValueError(f"checkpoint in {model_dir} lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+
+
+def _target(name: str) -> tuple[str | None, int | None]:
+    if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        return name.removeprefix("model."), None
+    m = _LAYER.match(name)
+    if not m:
+        return None, None
+    layer, mod, kind = m.groups()
+    if mod in _FUSED:
+        fused, piece = _FUSED[mod]
+        return f"layers.{layer}.{fused}.{kind}", piece
+    return f"layers.{layer}.{mod}.{kind}", None
+
+
+def _expected_keys(model: LlamaModel) -> set[str]:
+    keys: set[str] = set()
+    for name, _ in model.named_parameters():  # tied lm_head is not listed twice
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        if ".qkv_proj." in name:
+            keys.update(f"{name}#{i}" for i in range(3))
+        elif ".gate_up_proj." in name:
+            keys.update(f"{name}#{i}" for i in range(2))
+        else:
+            keys.add(f"{name}#None")
+    return keys
