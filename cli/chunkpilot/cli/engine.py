@@ -26,6 +26,7 @@ def generate(
     dtype: str = typer.Option("auto", help="float32 | bfloat16 | float16 | auto (float32 on CPU)."),
     device: str = typer.Option("auto", help="cpu | cuda | cuda:N | auto."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
+    attention_backend: str = typer.Option("auto", help="auto | sdpa | varlen (FlashAttention on CUDA, checked at start-up)."),
 ) -> None:
     """Generate text offline with the engine and print it, with tokens/s."""
     from chunkpilot.engine import LLM, SamplingParams
@@ -33,7 +34,7 @@ def generate(
     try:
         llm = LLM(
             str(model), token_budget=token_budget, max_chunk=max_chunk, max_num_seqs=min(max_num_seqs, token_budget),
-            dtype=dtype, device=device, threads=threads,
+            dtype=dtype, device=device, threads=threads, attention_backend=attention_backend,
         )
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         t0 = time.perf_counter()
@@ -52,6 +53,7 @@ def generate(
 
     typer.echo(
         f"[{n} tokens in {elapsed:.2f}s = {n / elapsed:.1f} tokens/s; device={llm.engine.device}, "
-        f"dtype={str(llm.engine.dtype).removeprefix('torch.')}, threads={torch.get_num_threads()}]",
+        f"dtype={str(llm.engine.dtype).removeprefix('torch.')}, threads={torch.get_num_threads()}, "
+        f"attention={llm.engine.attention_backend}]",
         err=True,
     )

@@ -23,6 +23,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     threads: int | None = None  # torch intra-op threads on CPU
+    attention_backend: str = "auto"  # auto | sdpa | varlen (see attention.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -40,5 +41,7 @@ class EngineConfig:
                 f"token_budget ({self.token_budget}) must be >= max_num_seqs ({self.max_num_seqs}): every running "
                 "sequence gets one decode token per step; lower max_num_seqs or raise token_budget"
             )
+        if self.attention_backend not in ("auto", "sdpa", "varlen"):
+            raise ValueError(f"attention_backend must be auto, sdpa or varlen, got {self.attention_backend!r}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
             raise ValueError(f"gpu_memory_utilization must be in [0.05, 0.99], got {self.gpu_memory_utilization}")

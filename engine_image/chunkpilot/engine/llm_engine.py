@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from chunkpilot.engine.attention import choose_backend
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
@@ -83,7 +84,8 @@ class LLMEngine:
             SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs
         )
         self.sampler = Sampler(self.device, config.seed)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, self.sampler)
+        self.attention_backend = choose_backend(config.attention_backend, self.device, self.dtype, config.block_size)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, self.sampler, self.attention_backend)
         self._pending: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._live: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
         self.last_step = StepStats()

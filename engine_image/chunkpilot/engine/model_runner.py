@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from chunkpilot.engine.attention import AttentionGroup, AttentionMetadata
+from chunkpilot.engine.attention import AttentionGroup, AttentionMetadata, VarlenMetadata
 from chunkpilot.engine.kv_cache import KVCache
 from chunkpilot.engine.model import LlamaModel
 from chunkpilot.engine.rope import cos_sin_table
@@ -14,8 +14,11 @@ from chunkpilot.engine.scheduler import RunnerOutput, ScheduledChunk, SchedulerO
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, max_model_len: int, sampler: Sampler) -> None:
+    def __init__(
+        self, model: LlamaModel, kv_cache: KVCache, max_model_len: int, sampler: Sampler, backend: str = "sdpa"
+    ) -> None:
         self.model = model
+        self.backend = backend
         self.kv_cache = kv_cache
         self.device = kv_cache.tensor.device
         self.dtype = kv_cache.tensor.dtype
@@ -75,6 +78,8 @@ class ModelRunner:
         )
 
     def _metadata(self, chunks: list[ScheduledChunk], num_decodes: int) -> AttentionMetadata:
+        if self.backend == "varlen":
+            return self._varlen_metadata(chunks)
         groups, slot_parts = [], []
         row = 0
         for part in (chunks[:num_decodes], chunks[num_decodes:]):
@@ -84,7 +89,38 @@ class ModelRunner:
             groups.append(group)
             slot_parts.append(slots)
             row += sum(c.num_tokens for c in part)
-        return AttentionMetadata(slot_mapping=torch.cat(slot_parts), groups=groups)
+        return AttentionMetadata(slot_mapping=torch.cat(slot_parts), groups=groups, block_size=self.block_size)
+
+    def _block_table(self, chunks: list[ScheduledChunk], ctx_max: int) -> torch.Tensor:
+        bs = self.block_size
+        table = torch.zeros(len(chunks), -(-ctx_max // bs), dtype=torch.long)
+        for i, c in enumerate(chunks):  # one row per sequence, one entry per block (not per token)
+            bt = c.seq.block_table[: -(-(c.start + c.num_tokens) // bs)]
+            table[i, : len(bt)] = torch.tensor(bt, dtype=torch.long)
+        return table.to(self.device)
+
+    def _varlen_metadata(self, chunks: list[ScheduledChunk]) -> AttentionMetadata:
+        dev, bs = self.device, self.block_size
+        starts = torch.tensor([c.start for c in chunks], device=dev)
+        counts = torch.tensor([c.num_tokens for c in chunks], device=dev)
+        ctx_lens = starts + counts
+        table = self._block_table(chunks, int(ctx_lens.max()))
+        # slot of every new token: its sequence's block table at (position // bs), plus position % bs
+        rows = torch.repeat_interleave(torch.arange(len(chunks), device=dev), counts)
+        positions = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts) + torch.arange(
+            int(counts.sum()), device=dev
+        )
+        slot_mapping = table[rows, positions // bs] * bs + positions % bs
+        zero = torch.zeros(1, dtype=torch.int32, device=dev)
+        varlen = VarlenMetadata(
+            cu_seq_q=torch.cat([zero, torch.cumsum(counts, 0).to(torch.int32)]),
+            cu_seq_k=torch.cat([zero, torch.cumsum(ctx_lens, 0).to(torch.int32)]),
+            seqused_k=ctx_lens.to(torch.int32),
+            block_table=table.to(torch.int32),
+            max_q=int(counts.max()),
+            max_k=int(ctx_lens.max()),
+        )
+        return AttentionMetadata(slot_mapping, [], varlen, bs)
 
     def _group(self, part: list[ScheduledChunk], first_row: int) -> tuple[AttentionGroup, torch.Tensor]:
         dev, bs = self.device, self.block_size
@@ -93,12 +129,7 @@ class ModelRunner:
         counts = torch.tensor([c.num_tokens for c in part], device=dev)
         ctx_lens = starts + counts
         q_max, ctx_max = int(counts.max()), int(ctx_lens.max())
-        n_blocks = -(-ctx_max // bs)
-        table = torch.zeros(b, n_blocks, dtype=torch.long)
-        for i, c in enumerate(part):  # one row per sequence, one entry per block (not per token)
-            bt = c.seq.block_table[: -(-(c.start + c.num_tokens) // bs)]
-            table[i, : len(bt)] = torch.tensor(bt, dtype=torch.long)
-        table = table.to(dev)
+        table = self._block_table(part, ctx_max)
         offsets = torch.arange(bs, device=dev)
         context_slots = (table[:, :, None] * bs + offsets).reshape(b, -1)[:, :ctx_max]  # [B, L]
 
