@@ -104,3 +104,38 @@ def test_prefix_cache_hits_across_calls_keep_output(smollm2_dir, prompt_ids, ref
     second = llm.generate(PROMPTS[4:6], params)
     assert llm.engine.block_manager.prefix_hits - hits >= len(prompt_ids[4]) // 16 * 16 - 16
     assert [o.token_ids for o in first] == [o.token_ids for o in second] == reference[4:6]
+
+
+def test_knob_changes_from_another_thread_keep_output(smollm2_dir, prompt_ids, reference):
+    import itertools
+    import threading
+
+    llm = LLM(smollm2_dir, dtype="float32", max_num_seqs=8, max_model_len=MAX_LEN, token_budget=64, max_chunk=64)
+    stop = threading.Event()
+    seen_generations = set()
+
+    def churn():
+        for budget, chunk in itertools.cycle([(8, 8), (64, 17), (33, 5), (512, 512), (16, 16)]):
+            if stop.is_set():
+                return
+            llm.engine.knobs.update(token_budget=budget, max_chunk=chunk)
+            stop.wait(0.01)
+
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    real_schedule = llm.engine.scheduler.schedule
+
+    def schedule():
+        out = real_schedule()
+        seen_generations.add(out.knobs.generation)
+        return out
+
+    llm.engine.scheduler.schedule = schedule
+    try:
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        outs = llm.generate(PROMPTS, params) + llm.chat(CHAT, params)
+    finally:
+        stop.set()
+        t.join()
+    assert len(seen_generations) > 5, "the knobs should have changed many times during the run"
+    assert [o.token_ids for o in outs] == reference
