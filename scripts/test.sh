@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The README's test command: set up (see setup.sh), then run every test. Extra arguments go to pytest.
+# The README's test command: system packages (root: apt), the Python set-up (setup.sh), then every test.
+# Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/system-deps.sh
 bash scripts/setup.sh
 exec "${CHUNKPILOT_VENV:-.venv}/bin/python" -m pytest "$@"

@@ -26,7 +26,8 @@ def make_tokenizer(folder: Path) -> None:
     )
     tok.train_from_iterator(TEXTS * 20, trainer)
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>", "chat_template": template}))
 
 
 def make_checkpoint(folder: Path, arch: str, *, legacy_config: bool = False, sharded: bool = False, seed: int = 0) -> Path:

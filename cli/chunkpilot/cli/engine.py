@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(help="The serving engine: offline generation (serving comes with `engine serve`).", no_args_is_help=True)
+app = typer.Typer(help="The serving engine: `serve` the OpenAI-compatible API, or `generate` offline.", no_args_is_help=True)
 
 
 @app.command("generate")
@@ -57,3 +57,60 @@ def generate(
         f"attention={llm.engine.attention_backend}]",
         err=True,
     )
+
+
+def _env(name: str) -> str:
+    return f"CHUNKPILOT_{name}"
+
+
+@app.command("serve")
+def serve(
+    model: Path = typer.Option(..., "--model", envvar=_env("MODEL"), help="Hugging Face model folder (PVC, host path or baked into the image)."),
+    host: str = typer.Option("0.0.0.0", envvar=_env("HOST"), help="Address to listen on."),
+    port: int = typer.Option(8000, envvar=_env("PORT"), help="Port for the API, /health, /ready and /metrics."),
+    served_model_name: Optional[str] = typer.Option(None, envvar=_env("SERVED_MODEL_NAME"), help="Model name clients send (default: the folder's name)."),
+    api_key: Optional[str] = typer.Option(None, envvar=_env("API_KEY"), help="Require `Authorization: Bearer KEY` on /v1/*. Prefer the env var (a Secret) to the flag."),
+    knobs_file: Optional[Path] = typer.Option(None, envvar=_env("KNOBS_FILE"), help="Scheduler knobs JSON {token_budget, max_chunk, generation}, watched and applied while serving."),
+    knobs_poll_interval: float = typer.Option(0.2, envvar=_env("KNOBS_POLL_INTERVAL"), help="Seconds between reads of the knobs file."),
+    token_budget: int = typer.Option(512, envvar=_env("TOKEN_BUDGET"), help="Initial tokens per step (the knobs file overrides it)."),
+    max_chunk: int = typer.Option(512, envvar=_env("MAX_CHUNK"), help="Initial largest prefill chunk (the knobs file overrides it)."),
+    max_num_seqs: int = typer.Option(32, envvar=_env("MAX_NUM_SEQS"), help="Cap on running sequences; token budgets below it are refused."),
+    max_waiting: int = typer.Option(256, envvar=_env("MAX_WAITING"), help="Requests allowed to wait; beyond it HTTP 429 with Retry-After."),
+    max_model_len: Optional[int] = typer.Option(None, envvar=_env("MAX_MODEL_LEN"), help="Prompt + output limit (default: the model's, capped at 8192)."),
+    block_size: int = typer.Option(16, envvar=_env("BLOCK_SIZE"), help="Tokens per KV-cache block."),
+    kv_cache_memory_gb: Optional[float] = typer.Option(None, envvar=_env("KV_CACHE_MEMORY_GB"), help="CPU: memory for the KV cache (default 1 GB)."),
+    gpu_memory_utilization: float = typer.Option(0.85, envvar=_env("GPU_MEMORY_UTILIZATION"), help="GPU: fraction of the card for weights + KV cache."),
+    enable_prefix_caching: bool = typer.Option(True, envvar=_env("ENABLE_PREFIX_CACHING"), help="Reuse KV blocks of shared prompt prefixes."),
+    dtype: str = typer.Option("auto", envvar=_env("DTYPE"), help="float32 | bfloat16 | float16 | auto (float32 on CPU)."),
+    device: str = typer.Option("auto", envvar=_env("DEVICE"), help="cpu | cuda | cuda:N | auto."),
+    threads: Optional[int] = typer.Option(None, envvar=_env("THREADS"), help="CPU threads for torch."),
+    attention_backend: str = typer.Option("auto", envvar=_env("ATTENTION_BACKEND"), help="auto | sdpa | varlen."),
+    grace_period: float = typer.Option(30.0, envvar=_env("GRACE_PERIOD"), help="Seconds in-flight requests may finish after SIGTERM."),
+    seed: int = typer.Option(0, envvar=_env("SEED"), help="Seed for requests without their own."),
+    log_level: str = typer.Option("info", envvar=_env("LOG_LEVEL"), help="debug | info | warning | error."),
+) -> None:
+    """Serve the OpenAI-compatible API (completions, chat completions, models), /health, /ready and /metrics.
+    Every option can also come from the environment variable shown (for a pod spec)."""
+    from chunkpilot.engine import EngineConfig
+    from chunkpilot.engine.server import ServerSettings, serve as run_server
+
+    try:
+        config = EngineConfig(
+            model=str(model), dtype=dtype, device=device, token_budget=token_budget, max_chunk=max_chunk,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
+            kv_cache_memory_gb=kv_cache_memory_gb, gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching, seed=seed, threads=threads,
+            attention_backend=attention_backend,
+        )
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if not (model / "config.json").is_file():
+        typer.echo(f"error: {model} is not a model folder (no config.json); see `chunkpilot model fetch`", err=True)
+        raise typer.Exit(2)
+    settings = ServerSettings(
+        engine=config, served_model_name=served_model_name, api_key=api_key or None,
+        knobs_file=str(knobs_file) if knobs_file else None, knobs_poll_interval=knobs_poll_interval,
+        max_waiting=max_waiting, grace_period=grace_period,
+    )
+    run_server(settings, host=host, port=port, log_level=log_level)

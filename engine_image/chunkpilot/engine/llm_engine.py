@@ -190,6 +190,10 @@ class LLMEngine:
         outputs = self._drain()
         sched = self.scheduler.schedule()
         t0 = time.perf_counter()
+        now = time.monotonic()
+        for chunk in sched.chunks:
+            if chunk.seq.first_scheduled_time is None:
+                chunk.seq.first_scheduled_time = now
         result = self.runner.execute(sched)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

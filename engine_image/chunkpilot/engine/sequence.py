@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from chunkpilot.engine.sampling_params import SamplingParams
@@ -39,6 +40,9 @@ class Sequence:
     num_cached_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    # time.monotonic() when the request arrived and when a step first computed any of its tokens (queue time)
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
 
     @property
     def token_ids(self) -> list[int]:

@@ -1,0 +1,207 @@
+"""The engine behind the HTTP server: the step loop on its own thread, per-request asyncio queues, a bounded
+waiting queue, request-level metrics, and draining on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from chunkpilot.engine.llm_engine import LLMEngine
+from chunkpilot.engine.metrics import EngineMetrics
+from chunkpilot.engine.outputs import RequestOutput
+from chunkpilot.engine.sampling_params import SamplingParams
+from chunkpilot.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than `max_waiting`: the client should retry later (HTTP 429)."""
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine is draining for shutdown, or its step loop died (HTTP 503)."""
+
+
+@dataclass
+class _Live:
+    seq: Sequence
+    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    first_token: float | None = None
+    last_token: float | None = None
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, metrics: EngineMetrics, *, max_waiting: int = 256, retry_after: int = 1) -> None:
+        self.engine = engine
+        self.retry_after = retry_after  # seconds, sent with HTTP 429
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        self._live: dict[str, _Live] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine-step-loop", daemon=True)
+        self.draining = False
+        self.error: BaseException | None = None
+        self.heartbeat = time.monotonic()
+        self._prefix_seen = (0, 0)
+        self._preemptions_seen = 0
+        self.publish_knobs()
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    async def drain(self, grace: float) -> None:
+        """Stop admitting; wait up to `grace` seconds for in-flight requests, then abort the rest."""
+        self.draining = True
+        deadline = time.monotonic() + grace
+        while self.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        with self._lock:
+            left = list(self._live)
+        for rid in left:
+            self.engine.abort(rid)
+        self._wake.set()
+        if left:
+            log.warning("aborted %d requests still running after the %.0fs grace period", len(left), grace)
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._live)
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    async def generate(
+        self, request_id: str, prompt=None, params: SamplingParams | None = None, *, messages=None
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's outputs as steps produce them. Raises ValueError (bad input), QueueFullError,
+        EngineUnavailableError before the first output. Closing the iterator early aborts the request and frees
+        its KV blocks at the next step boundary."""
+        if self.draining or not self.alive:
+            raise EngineUnavailableError("the engine is shutting down" if self.draining else "the engine stopped")
+        seq = self.engine.make_sequence(request_id, prompt, params, messages=messages)
+        loop = asyncio.get_running_loop()
+        live = _Live(seq, asyncio.Queue(), loop)
+        with self._lock:
+            waiting = len(self._live) - len(self.engine.scheduler.running)
+            if waiting >= self.max_waiting:
+                self.metrics.rejected.labels(self.metrics.model_name, "queue_full").inc()
+                raise QueueFullError(f"{waiting} requests are already waiting (max_waiting={self.max_waiting})")
+            if request_id in self._live:
+                raise ValueError(f"request id {request_id!r} is already in flight")
+            self._live[request_id] = live
+        self.engine.submit(seq)
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await live.queue.get()
+                if isinstance(item, BaseException):
+                    raise EngineUnavailableError(f"the engine failed: {item}") from item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:  # client went away or the caller stopped reading
+                self.engine.abort(request_id)
+                self._wake.set()
+            with self._lock:
+                self._live.pop(request_id, None)
+
+    # ---- the step loop (its own thread) -----------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.heartbeat = time.monotonic()
+                self._wake.clear()
+                if not self.engine.has_unfinished():
+                    self._publish_state()
+                    self._wake.wait(0.5)
+                    continue
+                outputs = self.engine.step()
+                now = time.monotonic()
+                self._record_step()
+                for out in outputs:
+                    self._deliver(out, now)
+                self._publish_state()
+        except BaseException as e:  # the step loop must never die silently: fail every request, go unready
+            log.exception("engine step loop died")
+            self.error = e
+            with self._lock:
+                lives = list(self._live.values())
+            for live in lives:
+                live.loop.call_soon_threadsafe(live.queue.put_nowait, e)
+
+    def _deliver(self, out: RequestOutput, now: float) -> None:
+        with self._lock:
+            live = self._live.get(out.request_id)
+        if live is None:
+            return
+        m = self.metrics
+        if out.new_token_ids:
+            m.generation_tokens.inc(len(out.new_token_ids))
+            if live.first_token is None:
+                live.first_token = now
+                seq = live.seq
+                m.ttft.observe(now - seq.arrival_time)
+                started = seq.first_scheduled_time or now
+                m.queue_time.observe(started - seq.arrival_time)
+                m.prefill_time.observe(now - started)
+                m.prompt_tokens.inc(out.num_prompt_tokens)
+            else:
+                m.itl.observe(now - live.last_token)
+            live.last_token = now
+        if out.finished and out.finish_reason != "abort":
+            seq = live.seq
+            m.e2e.observe(now - seq.arrival_time)
+            m.request_success.labels(m.model_name, out.finish_reason).inc()
+            m.request_prompt_tokens.observe(out.num_prompt_tokens)
+            m.request_generation_tokens.observe(out.num_output_tokens)
+            if live.first_token is not None:
+                m.decode_time.observe(now - live.first_token)
+                if out.num_output_tokens > 1:
+                    m.tpot.observe((now - live.first_token) / (out.num_output_tokens - 1))
+        live.loop.call_soon_threadsafe(live.queue.put_nowait, out)
+
+    def _record_step(self) -> None:
+        m, eng = self.metrics, self.engine
+        if eng.last_step.num_tokens:
+            m.iteration_tokens.observe(eng.last_step.num_tokens)
+        bm = eng.block_manager
+        q, h = bm.prefix_queries, bm.prefix_hits
+        m.prefix_queries.inc(q - self._prefix_seen[0])
+        m.prefix_hits.inc(h - self._prefix_seen[1])
+        self._prefix_seen = (q, h)
+        p = eng.scheduler.num_preemptions
+        m.preemptions.inc(p - self._preemptions_seen)
+        self._preemptions_seen = p
+
+    def _publish_state(self) -> None:
+        m, eng = self.metrics, self.engine
+        m.running.set(len(eng.scheduler.running))
+        m.waiting.set(len(eng.scheduler.waiting))
+        m.kv_usage.set(eng.block_manager.usage)
+        self.publish_knobs()
+
+    def publish_knobs(self) -> None:
+        knobs = self.engine.knobs.get()
+        self.metrics.token_budget.set(knobs.token_budget)
+        self.metrics.max_chunk.set(knobs.max_chunk)
+        self.metrics.generation.set(knobs.generation)

@@ -1,0 +1,116 @@
+"""Watch the knobs file and apply valid changes at the next step boundary.
+
+In a pod the file is a ConfigMap volume: the kubelet writes a new timestamped folder and swaps the `..data`
+symlink, so the path's inode and mtime may not change the way an editor's save does, and inotify on the file
+itself misses the swap. Polling the *content* (resolving symlinks on each read) sees every update, costs one
+small read per interval and is what config reloaders fall back to; the kubelet's own propagation delay (up to a
+minute) dwarfs a 0.2 s poll.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
+
+log = logging.getLogger(__name__)
+
+FIELDS = ("token_budget", "max_chunk", "generation")
+
+
+def parse_knobs(data: bytes | str) -> SchedulerKnobs:
+    """The knobs-file contract: `{"token_budget": int, "max_chunk": int, "generation": int}`, nothing else."""
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"knobs file is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"knobs file must hold a JSON object with {', '.join(FIELDS)}")
+    missing = [f for f in FIELDS if f not in obj]
+    unknown = sorted(set(obj) - set(FIELDS))
+    if missing:
+        raise ValueError(f"knobs file lacks {', '.join(missing)}")
+    if unknown:
+        raise ValueError(f"knobs file has unknown keys {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
+    return SchedulerKnobs(obj["token_budget"], obj["max_chunk"], obj["generation"])
+
+
+def write_knobs(path: str | Path, knobs: SchedulerKnobs) -> None:
+    """Atomic write (rename), as the local tuner and tests do; readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"token_budget": knobs.token_budget, "max_chunk": knobs.max_chunk,
+                               "generation": knobs.generation}))
+    tmp.replace(path)
+
+
+class KnobsFileWatcher:
+    def __init__(
+        self,
+        path: str | Path,
+        holder: KnobHolder,
+        *,
+        poll_interval: float = 0.2,
+        on_error: Callable[[str], None] | None = None,
+        on_apply: Callable[[SchedulerKnobs], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.holder = holder
+        self.poll_interval = poll_interval
+        self.on_error = on_error
+        self.on_apply = on_apply
+        self._last: bytes | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="knobs-file-watcher", daemon=True)
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self.check()  # apply a file that exists at start-up before serving the first request
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_interval):
+            self.check()
+
+    def check(self) -> bool:
+        """Read the file once; apply it if its content changed and is valid. Returns True when applied."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return False  # no file yet (or mid-swap): keep the current knobs, nothing to report
+        except OSError as e:
+            return self._refuse(f"cannot read knobs file {self.path}: {e}", None)
+        if data == self._last:
+            return False
+        try:
+            knobs = parse_knobs(data)
+            if knobs == self.holder.get():
+                self._last = data
+                return False
+            self.holder.set(knobs)
+        except ValueError as e:
+            return self._refuse(f"refused knobs file {self.path}: {e}; keeping {self.holder.get()}", data)
+        self._last = data
+        self.last_error = None
+        log.info("applied knobs %s from %s", knobs, self.path)
+        if self.on_apply:
+            self.on_apply(knobs)
+        return True
+
+    def _refuse(self, message: str, data: bytes | None) -> bool:
+        # Remember the bad content so it is counted and logged once, not at every poll.
+        self._last = data
+        self.last_error = message
+        log.warning("%s", message)
+        if self.on_error:
+            self.on_error(message)
+        return False

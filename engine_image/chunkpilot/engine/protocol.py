@@ -1,0 +1,92 @@
+"""OpenAI-compatible request bodies (pydantic: they also make the server's OpenAPI schema) and the error body.
+
+Bounds live on the fields, so a bad value is refused with HTTP 400 naming the field and the allowed range before
+anything reaches the engine. Fields vLLM accepts beyond OpenAI's (`top_k`, `ignore_eos`, `stop_token_ids`) are
+accepted too; other unknown fields are ignored, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chunkpilot.engine.sampling_params import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(..., description="The served model name (see GET /v1/models).")
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=0)] = 0
+    n: Annotated[int, Field(ge=1, le=1, description="Only 1 is supported.")] = 1
+    seed: int | None = None
+    stop: str | list[Annotated[str, Field(min_length=1)]] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def _params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+            stop=stop, stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos, logprobs=logprobs,
+        )
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] = Field(
+        ..., description="A string, a list of token ids, or a list holding one string."
+    )
+    max_tokens: Annotated[int, Field(ge=1)] = 16
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: Literal[False] = False
+
+    def sampling_params(self) -> SamplingParams:
+        return self._params(self.max_tokens, self.logprobs)
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._params(max_tokens, logprobs)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        out = []
+        for m in self.messages:
+            content = m.content if isinstance(m.content, str) or m.content is None else "".join(p.text for p in m.content)
+            role = "system" if m.role == "developer" else m.role
+            out.append({"role": role, "content": content or ""})
+        return out
+
+
+def error_body(message: str, type_: str, *, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Debian packages the tests use: prometheus (the server and promtool). Installed with apt when running as root;
+# otherwise says what to run (tests then skip locally, and fail under CI=true, where tools must be present).
+set -euo pipefail
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing Debian packages: ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+    echo "warning: missing ${missing[*]}; install with: sudo apt-get install ${missing[*]}" >&2
+fi

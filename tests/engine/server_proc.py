@@ -1,0 +1,80 @@
+"""Start `chunkpilot engine serve` as a real process on a free loopback port, for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EngineServer:
+    def __init__(self, model: str, log_dir: Path, *args: str, name: str = "smollm2", env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = name
+        self.log_path = log_dir / f"server-{self.port}.log"
+        cmd = [sys.executable, "-m", "chunkpilot.cli.main", "engine", "serve", "--model", model, "--host", "127.0.0.1",
+               "--port", str(self.port), "--served-model-name", name, "--log-level", "warning", *args]
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+    def wait_ready(self, timeout: float = 120) -> "EngineServer":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-4000:]
+
+    def metrics(self) -> dict[str, float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out = {}
+        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics").text):
+            for s in fam.samples:
+                labels = {k: v for k, v in s.labels.items() if k != "model_name"}
+                key = s.name + (str(sorted(labels.items())) if labels else "")
+                out[key] = s.value
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def wait_for(cond, timeout: float = 30.0) -> bool:
+    """Poll `cond` until it is true or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False

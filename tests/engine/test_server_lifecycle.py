@@ -1,0 +1,143 @@
+"""Server behaviour around the requests: API keys, a full queue, SIGTERM draining, and schemathesis fuzzing
+the server's own OpenAPI schema for 5xx answers."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from .server_proc import EngineServer, wait_for
+from .tiny_models import make_checkpoint
+
+LONG = {"model": "smollm2", "prompt": "Count: 1, 2, 3,", "max_tokens": 300, "ignore_eos": True, "stream": True}
+
+
+def stream_in_thread(url: str, body: dict, headers: dict | None = None):
+    """Read an SSE stream on a thread; returns (thread, chunks list, state dict). Setting state["stop"] makes the
+    reader hang up (the server then aborts the request)."""
+    chunks: list[dict] = []
+    state: dict = {}
+
+    def run():
+        try:
+            with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers or {}, timeout=120) as r:
+                state["status"] = r.status_code
+                for line in r.iter_lines():
+                    if state.get("stop"):
+                        return
+                    if line.startswith("data: {"):
+                        chunks.append(json.loads(line[6:]))
+                    elif line == "data: [DONE]":
+                        state["done"] = True
+        except httpx.HTTPError as e:
+            state["error"] = repr(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, chunks, state
+
+
+@pytest.fixture(scope="module")
+def keyed(smollm2_dir, tmp_path_factory):
+    """One running sequence at most and one waiting: the third concurrent request overflows."""
+    srv = EngineServer(smollm2_dir, tmp_path_factory.mktemp("logs"), "--max-num-seqs", "1", "--token-budget", "16",
+                       "--max-chunk", "16", "--max-waiting", "1", "--max-model-len", "512", "--grace-period", "1",
+                       env={"CHUNKPILOT_API_KEY": "s3cret"}).wait_ready()
+    yield srv
+    srv.stop()
+
+
+def test_api_key_is_required_on_the_api_only(keyed):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+        r = httpx.post(keyed.url + "/v1/completions", json={"model": "smollm2", "prompt": "hi"}, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(keyed.url + "/v1/models").status_code == 401
+    for path in ("/health", "/ready", "/metrics"):
+        assert httpx.get(keyed.url + path).status_code == 200
+    client = openai.OpenAI(base_url=keyed.url + "/v1", api_key="s3cret", max_retries=0)
+    assert client.completions.create(model="smollm2", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_full_queue_answers_429_with_retry_after(keyed):
+    auth = {"Authorization": "Bearer s3cret"}
+    running = stream_in_thread(keyed.url, LONG, auth)
+    assert wait_for(lambda: len(running[1]) >= 1)
+    waiting = stream_in_thread(keyed.url, LONG, auth)
+    assert wait_for(lambda: keyed.metrics()["chunkpilot:num_requests_waiting"] == 1, timeout=10)
+    r = httpx.post(keyed.url + "/v1/completions", json={**LONG, "stream": False}, headers=auth, timeout=30)
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "rate_limit_error"
+    rejected = keyed.metrics()["chunkpilot:requests_rejected_total[('reason', 'queue_full')]"]
+    assert rejected == 1
+    for t, _, state in (running, waiting):  # hang up: the later tests get the CPU back
+        state["stop"] = True
+        t.join(30)
+    assert wait_for(lambda: keyed.metrics()["chunkpilot:num_requests_running"] == 0, timeout=10)
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_0(smollm2_dir, tmp_path):
+    srv = EngineServer(smollm2_dir, tmp_path, "--max-model-len", "256", "--grace-period", "60").wait_ready()
+    body = {**LONG, "max_tokens": 30}
+    t, chunks, state = stream_in_thread(srv.url, body)
+    assert wait_for(lambda: len(chunks) >= 2)
+    srv.proc.send_signal(signal.SIGTERM)
+    # no new connections once draining
+    assert wait_for(lambda: _refused(srv.url), timeout=10)
+    t.join(60)
+    assert srv.proc.wait(60) == 0, srv.log()
+    assert state.get("done") and chunks[-1]["choices"][0]["finish_reason"] == "length", srv.log()
+    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["text"]) >= 25
+
+
+def test_sigterm_aborts_what_outlives_the_grace_period(smollm2_dir, tmp_path):
+    srv = EngineServer(smollm2_dir, tmp_path, "--max-model-len", "512", "--grace-period", "1").wait_ready()
+    t, chunks, state = stream_in_thread(srv.url, {**LONG, "max_tokens": 450})
+    assert wait_for(lambda: len(chunks) >= 2)
+    started = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(30) == 0, srv.log()
+    assert time.monotonic() - started < 15
+    t.join(10)
+    assert not any(c["choices"] and c["choices"][0]["finish_reason"] == "length" for c in chunks)
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(url + "/health", timeout=1)
+        return False
+    except httpx.HTTPError:
+        return True
+
+
+def test_schemathesis_finds_no_server_errors(tmp_path):
+    """Fuzz every operation of the server's own OpenAPI schema (bounded) against a tiny random model, which
+    makes each generation fast; the check is only that nothing answers 5xx."""
+    st = shutil.which("schemathesis") or shutil.which("st", path=str(__import__("pathlib").Path(sys.executable).parent))
+    assert st, "schemathesis is a dev dependency: pip install -e '.[dev]'"
+    model = make_checkpoint(tmp_path / "tiny", "llama")
+    srv = EngineServer(str(model), tmp_path, "--max-model-len", "128", name="tiny").wait_ready()
+    try:
+        res = subprocess.run(
+            # --max-time bounds the run (schemathesis generates thousands of cases a minute here)
+            [st, "run", srv.url + "/openapi.json", "--checks", "not_a_server_error", "--max-examples", "50",
+             "--seed", "7", "--request-timeout", "60", "--max-time", "45", "--workers", "1"],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+        counts = re.search(r"(\d+) generated, (\d+) passed", res.stdout)
+        assert counts and int(counts[1]) > 100 and counts[1] == counts[2], res.stdout[-3000:]
+    finally:
+        srv.stop()
