@@ -31,6 +31,8 @@ def test_wheel_holds_every_part_and_no_namespace_init(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "chunkpilot/engine/llm_engine.py" in names
     assert "chunkpilot/cli/main.py" in names
+    assert "chunkpilot/loadgen/runner.py" in names
+    assert "chunkpilot/api/types.py" in names and "chunkpilot/operator/builders.py" in names
     assert "chunkpilot/__init__.py" not in names  # PEP 420 namespace
 
 
@@ -38,10 +40,11 @@ def test_wheel_imports_without_the_source_tree(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(tmp_path)
     code = (
         "import sys; sys.path[:] = [p for p in sys.path if p not in %r]; sys.path.insert(0, %r);"
-        "import chunkpilot.engine, chunkpilot.cli.main;"
+        "import chunkpilot.engine, chunkpilot.cli.main, chunkpilot.loadgen, chunkpilot.api, chunkpilot.operator.builders;"
         "assert chunkpilot.engine.__file__.startswith(%r), chunkpilot.engine.__file__;"
         "from chunkpilot.engine import LLM, SamplingParams; print('ok')"
-    ) % ([str(ROOT / "engine_image"), str(ROOT / "cli"), "", str(ROOT)], str(tmp_path), str(tmp_path))
+    ) % ([str(ROOT / d) for d in ("engine_image", "cli", "loadgen", "operator")] + ["", str(ROOT)], str(tmp_path),
+         str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
@@ -56,7 +59,8 @@ def test_editable_install_imports_from_the_repo():
 def test_cli_help_lists_subcommands():
     res = CliRunner().invoke(app, ["--help"])
     assert res.exit_code == 0
-    assert "engine" in res.output and "model" in res.output
+    for command in ("engine", "model", "bench", "crds"):
+        assert command in res.output
 
 
 def test_model_fetch_is_idempotent(smollm2_dir):

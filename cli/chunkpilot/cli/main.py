@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from chunkpilot.cli import engine, model
+from chunkpilot.cli import bench, crds, engine, model
 
 app = typer.Typer(
     help="chunkpilot: LLM inference on Kubernetes that keeps its latency SLOs by tuning chunked prefill online.",
@@ -13,6 +13,8 @@ app = typer.Typer(
 )
 app.add_typer(engine.app, name="engine")
 app.add_typer(model.app, name="model")
+app.add_typer(bench.app, name="bench")
+app.add_typer(crds.app, name="crds")
 
 if __name__ == "__main__":  # pragma: no cover
     app()

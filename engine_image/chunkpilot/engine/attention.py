@@ -28,8 +28,12 @@ class AttentionGroup:
 
     query_index: torch.Tensor  # [B, Q] rows of the flattened step tokens (padding repeats a valid row)
     query_valid: torch.Tensor  # [B, Q] bool
-    context_slots: torch.Tensor  # [B, L] slots of the paged pool holding each sequence's keys/values
-    mask: torch.Tensor  # [B, 1, Q, L] bool: True = may attend
+    block_table: torch.Tensor  # [B, blocks] pool blocks holding each sequence's keys/values, in order
+    context_len: int  # L: keys attended to (the longest context in the group)
+    mask: object  # [B, 1, Q, L] bool tensor (True = may attend), a CausalBias, or None (attend to all keys)
+    # The group is every row of the step in order with no padding (a decode-only step, or one prefill chunk
+    # alone): queries need no gather and outputs no scatter.
+    covers_all: bool = False
 
 
 @dataclass
@@ -64,13 +68,26 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadat
         return _varlen(q, cache, meta.varlen, meta.block_size, scale, gqa)
     out = torch.empty_like(q)
     for g in meta.groups:  # at most two groups, not one per sequence
-        qg = q[g.query_index].transpose(1, 2)  # [B, H, Q, D]
-        k = cache[0][g.context_slots].transpose(1, 2)  # [B, KVH, L, D]
-        v = cache[1][g.context_slots].transpose(1, 2)
+        b, q_len = g.query_index.shape
+        qg = (q.view(b, q_len, *q.shape[1:]) if g.covers_all else q[g.query_index]).transpose(1, 2)  # [B, H, Q, D]
+        # Gather whole blocks as rows of a [blocks, block_size*heads*dim] table (an embedding lookup: one
+        # contiguous copy per block, ~3x faster on the CPU than advanced indexing per slot), then view each
+        # sequence's blocks as one run of keys and cut it at the longest context.
+        k = _gather_blocks(cache[0], g, meta.block_size).transpose(1, 2)  # [B, KVH, L, D]
+        v = _gather_blocks(cache[1], g, meta.block_size).transpose(1, 2)
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale, enable_gqa=gqa)
         o = o.transpose(1, 2)  # [B, Q, H, D]
+        if g.covers_all:
+            return o.reshape(q.shape)
         out[g.query_index[g.query_valid]] = o[g.query_valid]
     return out
+
+
+def _gather_blocks(pool: torch.Tensor, g: AttentionGroup, block_size: int) -> torch.Tensor:
+    slots, kv_heads, dim = pool.shape
+    rows = F.embedding(g.block_table, pool.view(slots // block_size, block_size * kv_heads * dim))
+    b, n = g.block_table.shape
+    return rows.view(b, n * block_size, kv_heads, dim)[:, : g.context_len]
 
 
 def _varlen(q: torch.Tensor, cache: torch.Tensor, m: VarlenMetadata, block_size: int, scale: float, gqa: bool):
@@ -131,12 +148,12 @@ def _check_metadata(starts, counts, tables, block_size, device):
     row = 0
     for start, n, table in zip(starts, counts, tables):
         ctx = start + n
-        slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(ctx)], device=device)
         q_pos = torch.arange(n, device=device)
         k_pos = torch.arange(ctx, device=device)
         mask = (k_pos[None, :] <= (start + q_pos)[:, None])[None, None]
+        blocks = torch.tensor(table[: -(-ctx // block_size)], device=device)[None]
         groups.append(AttentionGroup((row + q_pos)[None], torch.ones(1, n, dtype=torch.bool, device=device),
-                                     slots[None], mask))
+                                     blocks, ctx, mask))
         row += n
     width = max(len(t) for t in tables)
     varlen = VarlenMetadata(

@@ -4,6 +4,7 @@ metadata once, one forward, logits only at the positions that sample, then the s
 from __future__ import annotations
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 from chunkpilot.engine.attention import AttentionGroup, AttentionMetadata, VarlenMetadata
 from chunkpilot.engine.kv_cache import KVCache
@@ -82,10 +83,11 @@ class ModelRunner:
             return self._varlen_metadata(chunks)
         groups, slot_parts = [], []
         row = 0
-        for part in (chunks[:num_decodes], chunks[num_decodes:]):
-            if not part:
-                continue
+        parts = [p for p in (chunks[:num_decodes], chunks[num_decodes:]) if p]
+        for part in parts:
             group, slots = self._group(part, row)
+            # the only group, and no padding (all decodes, or chunks of one length): rows are the step's rows
+            group.covers_all = len(parts) == 1 and len({c.num_tokens for c in part}) == 1
             groups.append(group)
             slot_parts.append(slots)
             row += sum(c.num_tokens for c in part)
@@ -130,19 +132,23 @@ class ModelRunner:
         ctx_lens = starts + counts
         q_max, ctx_max = int(counts.max()), int(ctx_lens.max())
         table = self._block_table(part, ctx_max)
-        offsets = torch.arange(bs, device=dev)
-        context_slots = (table[:, :, None] * bs + offsets).reshape(b, -1)[:, :ctx_max]  # [B, L]
 
         q_pos = torch.arange(q_max, device=dev)
         query_valid = q_pos[None, :] < counts[:, None]  # [B, Q]
         row_starts = first_row + torch.cumsum(counts, 0) - counts
         query_index = row_starts[:, None] + torch.where(query_valid, q_pos[None, :], 0)
         abs_q = starts[:, None] + q_pos[None, :]  # absolute position of each query
+        valid_pos = abs_q[query_valid]
+        rows = torch.repeat_interleave(torch.arange(b, device=dev), counts)
+        new_slots = table[rows, valid_pos // bs] * bs + valid_pos % bs
+        if b == 1:
+            # One sequence: no padding, so no explicit mask. SDPA then takes its fused causal path (bottom-right
+            # aligned: the chunk sees its cached prefix), about 2x faster than a [Q, L] boolean mask on a long
+            # prompt. A lone decode attends to every key.
+            mask = causal_lower_right(q_max, ctx_max) if q_max > 1 else None
+            return AttentionGroup(query_index, query_valid, table, ctx_max, mask), new_slots
         k_pos = torch.arange(ctx_max, device=dev)
         mask = (k_pos[None, None, :] <= abs_q[:, :, None]) & (k_pos[None, None, :] < ctx_lens[:, None, None])
         # Padded query rows would attend to nothing (NaN in SDPA): let them see key 0; their output is dropped.
         mask = mask | (~query_valid[:, :, None] & (k_pos[None, None, :] == 0))
-
-        new_slots = context_slots.gather(1, torch.where(query_valid, abs_q, 0))[query_valid]
-        group = AttentionGroup(query_index, query_valid, context_slots, mask[:, None, :, :])
-        return group, new_slots
+        return AttentionGroup(query_index, query_valid, table, ctx_max, mask[:, None, :, :]), new_slots

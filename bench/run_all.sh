@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Run every benchmark (minutes on 2 CPU cores); results land in bench/results/*.json and *.png.
+# Extra arguments (e.g. --device cuda --dtype bfloat16) go to each benchmark.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${CHUNKPILOT_VENV:-.venv}/bin/python
+for b in chunk_overhead roofline stall vs_transformers; do
+    echo "== $b"
+    "$PY" "bench/$b.py" "$@"
+done

@@ -1,0 +1,110 @@
+"""Per-request latency records and the statistics over them: pure functions, tested on hand-built traces."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it. Times are seconds on one monotonic clock."""
+
+    kind: str  # workload class, e.g. "chat" or "rag"
+    prompt_tokens: int
+    start: float
+    first_token: float | None = None
+    token_times: list[float] = field(default_factory=list)  # arrival of every streamed chunk with text
+    end: float | None = None
+    output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.end is not None and self.first_token is not None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.start
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.end is None else self.end - self.start
+
+    @property
+    def itls(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first (vLLM's TPOT)."""
+        if not self.ok or self.output_tokens < 2:
+            return None
+        return (self.end - self.first_token) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Thresholds a request must meet to count towards goodput (None = not checked)."""
+
+    ttft: float | None = None  # seconds
+    itl: float | None = None  # seconds, applied to the request's worst inter-token gap at `itl_percentile`
+    itl_percentile: float = 99.0
+    e2e: float | None = None
+
+    def met_by(self, r: RequestRecord) -> bool:
+        if not r.ok:
+            return False
+        if self.ttft is not None and r.ttft > self.ttft:
+            return False
+        if self.itl is not None and r.itls and float(np.percentile(r.itls, self.itl_percentile)) > self.itl:
+            return False
+        if self.e2e is not None and r.e2e > self.e2e:
+            return False
+        return True
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+    arr = np.asarray(values, dtype=float)
+    out = {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
+    out["mean"] = float(arr.mean())
+    return out
+
+
+def summarize(records: list[RequestRecord], slo: SLO = SLO(), *, duration: float | None = None) -> dict:
+    """Throughput, goodput and latency percentiles over a run. `duration` defaults to first start → last end."""
+    done = [r for r in records if r.ok]
+    if duration is None:
+        ends = [r.end for r in done]
+        duration = (max(ends) - min(r.start for r in records)) if ends else 0.0
+    out_tokens = sum(r.output_tokens for r in done)
+    good = sum(1 for r in done if slo.met_by(r))
+    per_kind = sorted({r.kind for r in records})
+    return {
+        "requests": len(records),
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "duration_s": duration,
+        "request_throughput": len(done) / duration if duration else 0.0,
+        "output_token_throughput": out_tokens / duration if duration else 0.0,
+        "goodput": good / duration if duration else 0.0,
+        "slo_attainment": good / len(records) if records else 0.0,
+        "slo": asdict(slo),
+        "ttft_s": percentiles([r.ttft for r in done]),
+        "itl_s": percentiles([g for r in done for g in r.itls]),
+        "tpot_s": percentiles([r.tpot for r in done if r.tpot is not None]),
+        "e2e_s": percentiles([r.e2e for r in done]),
+        "by_kind": {
+            k: {
+                "completed": sum(1 for r in done if r.kind == k),
+                "ttft_s": percentiles([r.ttft for r in done if r.kind == k]),
+                "itl_s": percentiles([g for r in done if r.kind == k for g in r.itls]),
+            }
+            for k in per_kind
+        },
+    }

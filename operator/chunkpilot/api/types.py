@@ -1,0 +1,201 @@
+"""InferenceDeployment types. Field descriptions become the CRD's (what `kubectl explain` shows); bounds and
+defaults become schema bounds and defaults; cross-field rules are CEL `x-kubernetes-validations` on the models."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUP = "chunkpilot.io"
+VERSION = "v1alpha1"
+KIND = "InferenceDeployment"
+PLURAL = "inferencedeployments"
+SINGULAR = "inferencedeployment"
+SHORT_NAMES = ["infd"]
+
+MODEL_SOURCE_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|hostpath:///.+|image:///.+|hf://[^@\s]+(@[^\s]+)?)$"
+
+
+def _cel(*rules: tuple[str, str]) -> dict:
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+
+class ModelSpec(_Model):
+    source: str = Field(
+        ..., pattern=MODEL_SOURCE_PATTERN,
+        description="Where the Hugging Face model folder comes from: pvc://CLAIM/PATH (a PersistentVolumeClaim), "
+                    "hostpath:///PATH (a node directory), image:///PATH (baked into the engine image), or "
+                    "hf://REPO@REVISION (downloaded by an init container; needs internet in the cluster).",
+    )
+    served_name: str | None = Field(None, alias="servedName", max_length=253,
+                                    description="Model name clients send; default: the resource's name.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights and KV-cache dtype; auto = the checkpoint's dtype on GPUs.")
+    max_model_len: int | None = Field(None, alias="maxModelLen", ge=16, le=1_048_576,
+                                      description="Prompt plus output limit in tokens; default: the model's own.")
+
+
+class ResourcesSpec(_Model):
+    gpus: int = Field(1, ge=0, le=16, description="GPUs per pod, requested as nvidia.com/gpu; 0 runs on the CPU.")
+    cpu: str | None = Field(None, description="CPU request and limit, e.g. \"4\".")
+    memory: str | None = Field(None, description="Memory request and limit, e.g. \"32Gi\".")
+
+
+class EnvVar(_Model):
+    name: str = Field(..., min_length=1, description="Variable name.")
+    value: str = Field("", description="Variable value.")
+
+
+class LocalObjectReference(_Model):
+    name: str = Field(..., min_length=1, description="Name of the Secret.")
+
+
+class EngineSpec(_Model):
+    image: str | None = Field(None, description="Engine image; default: the operator's --engine-image.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-pod resources.")
+    gpu_memory_utilization: float = Field(0.85, alias="gpuMemoryUtilization", ge=0.05, le=0.99,
+                                          description="Fraction of GPU memory for weights plus KV cache.")
+    max_num_seqs: int = Field(64, alias="maxNumSeqs", ge=1, le=4096,
+                              description="Cap on sequences running at once in one pod.")
+    prefix_caching: bool = Field(True, alias="prefixCaching", description="Reuse KV blocks of shared prefixes.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables for the engine.")
+    extra_args: list[str] = Field(default_factory=list, alias="extraArgs",
+                                  description="Extra `chunkpilot engine serve` arguments.")
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector", description="Pod node selector.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations (core/v1 Toleration).")
+    affinity: dict[str, Any] | None = Field(None, description="Pod affinity (core/v1 Affinity).")
+    priority_class_name: str | None = Field(None, alias="priorityClassName", description="Pod priority class.")
+    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list, alias="imagePullSecrets",
+                                                           description="Secrets for pulling the engine image.")
+    pod_annotations: dict[str, str] = Field(default_factory=dict, alias="podAnnotations",
+                                            description="Annotations added to the engine pods.")
+
+
+class SchedulerSpec(_Model):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
+        ("self.maxChunk <= self.tokenBudget", "maxChunk must be <= tokenBudget")))
+
+    token_budget: int = Field(512, alias="tokenBudget", ge=1, le=1_048_576,
+                              description="Tokens per engine step: one per running decode, the rest on prefill chunks.")
+    max_chunk: int = Field(512, alias="maxChunk", ge=1, le=1_048_576,
+                           description="Largest prefill chunk of one prompt in one step.")
+
+
+class LatencySLO(_Model):
+    percentile: float = Field(0.99, gt=0, lt=1, description="Quantile the threshold applies to, e.g. 0.99.")
+    threshold_seconds: float = Field(..., alias="thresholdSeconds", gt=0, description="Latency limit in seconds.")
+
+
+class SLOSpec(_Model):
+    ttft: LatencySLO | None = Field(None, description="Time-to-first-token objective.")
+    itl: LatencySLO | None = Field(None, description="Inter-token latency objective.")
+
+
+class Range(_Model):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
+        ("self.min <= self.max", "min must be <= max")))
+
+    min: int = Field(..., ge=1, description="Lowest value the tuner may choose.")
+    max: int = Field(..., ge=1, description="Highest value the tuner may choose.")
+
+
+class TuningBounds(_Model):
+    token_budget: Range = Field(default_factory=lambda: Range(min=64, max=8192), alias="tokenBudget",
+                                description="Token budget range.")
+    max_chunk: Range = Field(default_factory=lambda: Range(min=32, max=8192), alias="maxChunk",
+                             description="Max chunk range.")
+
+
+class TuningSpec(_Model):
+    mode: Literal["off", "advisory", "auto"] = Field(
+        "off", description="off: knobs stay as in spec.scheduler; advisory: the tuner only recommends; "
+                           "auto: the tuner applies its choices to the pods while they serve.")
+    bounds: TuningBounds = Field(default_factory=TuningBounds, description="Search space.")
+    window_seconds: int = Field(60, alias="windowSeconds", ge=5, le=3600, description="Length of one measurement window.")
+    warmup_seconds: int = Field(10, alias="warmupSeconds", ge=0, le=600, description="Skipped after every change.")
+    max_trials: int = Field(30, alias="maxTrials", ge=1, le=1000, description="Trials before exploiting the best.")
+    objective: Literal["goodput", "throughput"] = Field("goodput", description="What to maximize within the SLOs.")
+
+
+class MonitoringSpec(_Model):
+    service_monitor: bool = Field(False, alias="serviceMonitor",
+                                  description="Create a Prometheus Operator ServiceMonitor (when its CRD exists).")
+
+
+class InferenceDeploymentSpec(_Model):
+    replicas: int = Field(1, ge=0, le=1000, description="Engine pods.")
+    model: ModelSpec = Field(..., description="The model to serve.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine pod settings.")
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Initial scheduler knobs.")
+    slo: SLOSpec = Field(default_factory=SLOSpec, description="Latency objectives.")
+    tuning: TuningSpec = Field(default_factory=TuningSpec, description="Online tuning of the scheduler knobs.")
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus integration.")
+
+
+class Condition(_Model):
+    type: str = Field(..., description="Ready, Progressing, Degraded, Tuning or SLOMet.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="Condition status.")
+    reason: str = Field("", description="CamelCase reason.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str | None = Field(None, alias="lastTransitionTime", description="RFC 3339 time.")
+    observed_generation: int | None = Field(None, alias="observedGeneration", description="Generation seen.")
+
+
+class SchedulerStatus(_Model):
+    token_budget: int = Field(..., alias="tokenBudget", description="Token budget the pods should apply.")
+    max_chunk: int = Field(..., alias="maxChunk", description="Max chunk the pods should apply.")
+    source: Literal["spec", "tuner"] = Field("spec", description="Who chose these knobs.")
+    generation: int = Field(0, ge=0, description="Knob generation; pods export the one they applied.")
+
+
+class KnobsMeasurement(_Model):
+    token_budget: int = Field(..., alias="tokenBudget", description="Token budget.")
+    max_chunk: int = Field(..., alias="maxChunk", description="Max chunk.")
+    objective: float | None = Field(None, description="Objective value measured.")
+    ttft_seconds: float | None = Field(None, alias="ttftSeconds", description="Measured TTFT at the SLO percentile.")
+    itl_seconds: float | None = Field(None, alias="itlSeconds", description="Measured ITL at the SLO percentile.")
+    feasible: bool | None = Field(None, description="Whether the SLOs were met.")
+
+
+class TuningStatus(_Model):
+    mode: str = Field("off", description="Mode in effect.")
+    phase: Literal["Exploring", "Exploiting", "Holding", "Advisory", "Off"] = Field("Off", description="Tuner phase.")
+    trial: int = Field(0, ge=0, description="Trials recorded so far.")
+    current: KnobsMeasurement | None = Field(None, description="Knobs being measured now.")
+    best: KnobsMeasurement | None = Field(None, description="Best feasible knobs so far.")
+    recommendation: KnobsMeasurement | None = Field(None, description="Advisory mode: what the tuner would apply.")
+    last_change: str | None = Field(None, alias="lastChange", description="When the knobs last changed.")
+    reason: str = Field("", description="Why the tuner is in this phase.")
+
+
+class SLOStatus(_Model):
+    ttft_seconds: float | None = Field(None, alias="ttftSeconds", description="Measured TTFT at its percentile.")
+    itl_seconds: float | None = Field(None, alias="itlSeconds", description="Measured ITL at its percentile.")
+    attainment: float | None = Field(None, ge=0, le=1, description="Fraction of requests within the SLOs.")
+    window_seconds: int | None = Field(None, alias="windowSeconds", description="Window measured.")
+
+
+class InferenceDeploymentStatus(_Model):
+    observed_generation: int | None = Field(None, alias="observedGeneration", description="Spec generation reconciled.")
+    replicas: int = Field(0, description="Engine pods that exist.")
+    ready_replicas: int = Field(0, alias="readyReplicas", description="Engine pods ready to serve.")
+    selector: str | None = Field(None, description="Label selector of the pods (for the scale subresource).")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded, Tuning, SLOMet.")
+    scheduler: SchedulerStatus | None = Field(None, description="Knobs the pods should apply now.")
+    tuning: TuningStatus | None = Field(None, description="Written by the tuner.")
+    slo: SLOStatus | None = Field(None, description="Written by the tuner.")
+
+
+class InferenceDeployment(_Model):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    api_version: str = Field(f"{GROUP}/{VERSION}", alias="apiVersion")
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: InferenceDeploymentSpec
+    status: InferenceDeploymentStatus = Field(default_factory=InferenceDeploymentStatus)

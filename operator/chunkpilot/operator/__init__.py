@@ -1,0 +1,1 @@
+"""The chunkpilot operator: pure builders (spec in, manifests out) and thin kopf handlers."""

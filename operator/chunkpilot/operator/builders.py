@@ -1,0 +1,260 @@
+"""Pure functions: an InferenceDeployment in, the Kubernetes objects it wants out. No API calls here, so every
+object is testable against the real Kubernetes schemas without a cluster."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, SchedulerStatus
+
+ENGINE_PORT = 8000
+KNOBS_DIR = "/etc/chunkpilot"
+KNOBS_FILE = "knobs.json"
+MODELS_DIR = "/models"
+CACHE_DIR = "/cache"
+ENGINE_UID = 10001
+# The annotation on the pod template that changes whenever something that needs a restart changes
+# (image, model, resources, engine flags) and never when only the knobs do.
+CONFIG_HASH = f"{GROUP}/config-hash"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    engine_image: str = "ghcr.io/chunkpilot/engine:0.1.0"
+    hf_download_image: str = "python:3.12-slim"
+    startup_timeout_seconds: int = 900
+
+
+class SpecError(ValueError):
+    """A spec the schema accepted but the operator cannot act on; the message says what to change."""
+
+
+def labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "chunkpilot-engine", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/managed-by": "chunkpilot-operator", f"{GROUP}/inference-deployment": name}
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "chunkpilot-engine", "app.kubernetes.io/instance": name}
+
+
+def owner_reference(obj: InferenceDeployment) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": obj.metadata["name"],
+            "uid": obj.metadata["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _meta(obj: InferenceDeployment, name: str) -> dict:
+    return {"name": name, "namespace": obj.metadata.get("namespace", "default"), "labels": labels(obj.metadata["name"]),
+            "ownerReferences": [owner_reference(obj)]}
+
+
+def knobs_configmap_name(name: str) -> str:
+    return f"{name}-knobs"
+
+
+def served_name(obj: InferenceDeployment) -> str:
+    return obj.spec.model.served_name or obj.metadata["name"]
+
+
+def effective_knobs(obj: InferenceDeployment) -> SchedulerStatus:
+    """The tuner's knobs when it owns them (auto mode, status written), else the spec's."""
+    st = obj.status.scheduler
+    if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner":
+        return st
+    gen = st.generation if st is not None else 0
+    return SchedulerStatus(tokenBudget=obj.spec.scheduler.token_budget, maxChunk=obj.spec.scheduler.max_chunk,
+                           source="spec", generation=gen)
+
+
+def validate(obj: InferenceDeployment) -> None:
+    """What the CRD schema cannot check; raises SpecError naming the field and the fix."""
+    spec = obj.spec
+    if spec.scheduler.token_budget < spec.engine.max_num_seqs:
+        raise SpecError(f"spec.scheduler.tokenBudget ({spec.scheduler.token_budget}) must be >= spec.engine.maxNumSeqs "
+                        f"({spec.engine.max_num_seqs}): every running sequence needs one token per step")
+    bounds = spec.tuning.bounds
+    if spec.tuning.mode != "off" and bounds.token_budget.min < spec.engine.max_num_seqs:
+        raise SpecError(f"spec.tuning.bounds.tokenBudget.min ({bounds.token_budget.min}) must be >= "
+                        f"spec.engine.maxNumSeqs ({spec.engine.max_num_seqs})")
+    if spec.tuning.mode != "off" and bounds.max_chunk.min > bounds.token_budget.max:
+        raise SpecError("spec.tuning.bounds.maxChunk.min must be <= spec.tuning.bounds.tokenBudget.max")
+    if spec.tuning.mode != "off" and (spec.slo.ttft is None and spec.slo.itl is None):
+        raise SpecError("tuning needs at least one SLO: set spec.slo.ttft or spec.slo.itl (or tuning.mode: off)")
+    model_source(obj)
+
+
+def model_source(obj: InferenceDeployment) -> tuple[str, list[dict], list[dict], list[dict]]:
+    """(model path inside the pod, volumes, volume mounts, init containers) for spec.model.source."""
+    src = obj.spec.model.source
+    if src.startswith("pvc://"):
+        claim, _, sub = src.removeprefix("pvc://").partition("/")
+        vol = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        return f"{MODELS_DIR}/{sub}".rstrip("/"), [vol], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
+    if src.startswith("hostpath://"):
+        path = src.removeprefix("hostpath://")
+        vol = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
+        return MODELS_DIR, [vol], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
+    if src.startswith("image://"):
+        return src.removeprefix("image://"), [], [], []
+    if src.startswith("hf://"):
+        repo, _, rev = src.removeprefix("hf://").partition("@")
+        init = {
+            "name": "download-model", "image": OperatorSettings.hf_download_image,
+            "command": ["sh", "-c", 'pip install --no-cache-dir --target /tmp/hf "huggingface_hub>=0.24" && '
+                        'PYTHONPATH=/tmp/hf python -m huggingface_hub.commands.huggingface_cli download "$REPO" '
+                        '--revision "$REVISION" --local-dir /models/model'],
+            "env": [{"name": "REPO", "value": repo}, {"name": "REVISION", "value": rev or "main"},
+                    {"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/tmp/hf-home"}],
+            "volumeMounts": [{"name": "model", "mountPath": MODELS_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+            "securityContext": _container_security(),
+        }
+        return f"{MODELS_DIR}/model", [{"name": "model", "emptyDir": {}}], [
+            {"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], [init]
+    raise SpecError(f"spec.model.source {src!r} has an unknown scheme; use pvc://, hostpath://, image:// or hf://")
+
+
+def _container_security() -> dict:
+    return {"runAsNonRoot": True, "runAsUser": ENGINE_UID, "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def knobs_configmap(obj: InferenceDeployment) -> dict:
+    k = effective_knobs(obj)
+    data = {"token_budget": k.token_budget, "max_chunk": k.max_chunk, "generation": k.generation}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(obj, knobs_configmap_name(obj.metadata["name"])),
+            "data": {KNOBS_FILE: json.dumps(data, sort_keys=True)}}
+
+
+def engine_env(obj: InferenceDeployment, model_path: str) -> list[dict]:
+    spec = obj.spec
+    env = {
+        "CHUNKPILOT_MODEL": model_path,
+        "CHUNKPILOT_PORT": str(ENGINE_PORT),
+        "CHUNKPILOT_SERVED_MODEL_NAME": served_name(obj),
+        "CHUNKPILOT_KNOBS_FILE": f"{KNOBS_DIR}/{KNOBS_FILE}",
+        # Start-up knobs only: the mounted knobs file is applied before the first request, and the knobs must
+        # stay out of the pod template so that changing them never restarts pods.
+        "CHUNKPILOT_TOKEN_BUDGET": str(max(512, spec.engine.max_num_seqs)),
+        "CHUNKPILOT_MAX_CHUNK": "512",
+        "CHUNKPILOT_MAX_NUM_SEQS": str(spec.engine.max_num_seqs),
+        "CHUNKPILOT_DTYPE": spec.model.dtype,
+        "CHUNKPILOT_DEVICE": "cuda" if spec.engine.resources.gpus > 0 else "cpu",
+        "CHUNKPILOT_GPU_MEMORY_UTILIZATION": str(spec.engine.gpu_memory_utilization),
+        "CHUNKPILOT_ENABLE_PREFIX_CACHING": "true" if spec.engine.prefix_caching else "false",
+    }
+    if spec.model.max_model_len:
+        env["CHUNKPILOT_MAX_MODEL_LEN"] = str(spec.model.max_model_len)
+    out = [{"name": k, "value": v} for k, v in env.items()]
+    return out + [{"name": e.name, "value": e.value} for e in spec.engine.env]
+
+
+def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> dict:
+    name, spec = obj.metadata["name"], obj.spec
+    model_path, volumes, mounts, inits = model_source(obj)
+    res = spec.engine.resources
+    limits: dict[str, str] = {}
+    if res.gpus:
+        limits["nvidia.com/gpu"] = str(res.gpus)
+    if res.cpu:
+        limits["cpu"] = res.cpu
+    if res.memory:
+        limits["memory"] = res.memory
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 3}
+    container = {
+        "name": "engine",
+        "image": spec.engine.image or settings.engine_image,
+        "args": list(spec.engine.extra_args),
+        "env": engine_env(obj, model_path),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "resources": {"limits": limits, "requests": dict(limits)},
+        "startupProbe": {**probe, "failureThreshold": max(1, settings.startup_timeout_seconds // 10)},
+        "livenessProbe": {**probe, "failureThreshold": 3},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 3,
+                           "failureThreshold": 2},
+        "volumeMounts": mounts + [{"name": "knobs", "mountPath": KNOBS_DIR, "readOnly": True},
+                                  {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": _container_security(),
+    }
+    for c in inits:
+        c["image"] = settings.hf_download_image
+    template_annotations = dict(spec.engine.pod_annotations)
+    template_annotations[CONFIG_HASH] = config_hash(obj, settings)
+    pod_spec = {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": ENGINE_UID, "fsGroup": ENGINE_UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": inits,
+        "containers": [container],
+        "volumes": volumes + [
+            {"name": "knobs", "configMap": {"name": knobs_configmap_name(name)}},
+            {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+        "nodeSelector": dict(spec.engine.node_selector),
+        "tolerations": list(spec.engine.tolerations),
+        "imagePullSecrets": [{"name": s.name} for s in spec.engine.image_pull_secrets],
+        # SIGTERM drains in-flight requests for up to 30 s (the engine's grace period); give it a bit more.
+        "terminationGracePeriodSeconds": 45,
+    }
+    if spec.engine.affinity:
+        pod_spec["affinity"] = spec.engine.affinity
+    if spec.engine.priority_class_name:
+        pod_spec["priorityClassName"] = spec.engine.priority_class_name
+    pod_spec = {k: v for k, v in pod_spec.items() if v not in ([], {})}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(obj, name),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": labels(name), "annotations": template_annotations}, "spec": pod_spec},
+        },
+    }
+
+
+def config_hash(obj: InferenceDeployment, settings: OperatorSettings) -> str:
+    """Everything in the pod that needs a restart to change; the knobs are deliberately left out."""
+    spec = obj.spec
+    relevant = {"model": spec.model.model_dump(by_alias=True), "engine": spec.engine.model_dump(by_alias=True),
+                "default_image": settings.engine_image}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def service(obj: InferenceDeployment) -> dict:
+    name = obj.metadata["name"]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(obj, name),
+            "spec": {"selector": selector_labels(name), "ports": [
+                {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"},
+                # the same listener serves /metrics; a named port lets a ServiceMonitor select it
+                {"name": "metrics", "port": 9090, "targetPort": "http", "protocol": "TCP"}]}}
+
+
+def pod_disruption_budget(obj: InferenceDeployment) -> dict | None:
+    if obj.spec.replicas <= 1:
+        return None
+    name = obj.metadata["name"]
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(obj, name),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}}}
+
+
+def service_monitor(obj: InferenceDeployment) -> dict | None:
+    if not obj.spec.monitoring.service_monitor:
+        return None
+    name = obj.metadata["name"]
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(obj, name),
+            "spec": {"selector": {"matchLabels": selector_labels(name)},
+                     "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}}
+
+
+def desired_objects(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings(),
+                    *, service_monitor_crd: bool = False) -> list[dict]:
+    """All objects for one InferenceDeployment, after validate() passed (no half-applied sets)."""
+    validate(obj)
+    out = [knobs_configmap(obj), deployment(obj, settings), service(obj)]
+    pdb = pod_disruption_budget(obj)
+    if pdb:
+        out.append(pdb)
+    sm = service_monitor(obj) if service_monitor_crd else None
+    if sm:
+        out.append(sm)
+    return out

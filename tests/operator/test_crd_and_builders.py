@@ -1,0 +1,179 @@
+"""The CRD generated from the API types, the samples, and every object the pure builders render, checked against
+the real Kubernetes schemas (kubernetes-validate, strict) and the CRD's own schema and CEL rules."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from chunkpilot.api import InferenceDeployment
+from chunkpilot.api.crd import CRD_FILENAME, crd_manifest, render
+from chunkpilot.operator import builders as b
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+SMOL = ROOT / "crds" / "samples" / "smollm2.yaml"  # auto tuning, CPU
+GPU = ROOT / "crds" / "samples" / "llama-70b-gpu.yaml"  # advisory tuning, 4 GPUs, hf:// source
+K8S_VERSIONS = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"]
+
+
+def load(path: Path, uid: str = "1234-abcd") -> InferenceDeployment:
+    raw = yaml.safe_load(path.read_text())
+    raw["metadata"] |= {"namespace": "ml", "uid": uid}
+    return InferenceDeployment.model_validate(raw)
+
+
+def openapi_schema() -> dict:
+    return crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_committed_crd_matches_the_types():
+    committed = (ROOT / "crds" / CRD_FILENAME).read_text()
+    assert committed == render(), "crds/ is stale: run `chunkpilot crds generate`"
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_crd_is_a_valid_customresourcedefinition(version):
+    import kubernetes_validate
+
+    kubernetes_validate.validate(crd_manifest(), version, strict=True)
+
+
+def test_every_schema_field_has_a_description():
+    missing = []
+
+    def walk(node, path):
+        if not isinstance(node, dict):
+            return
+        if path and "description" not in node and not path.endswith((".apiVersion", ".kind", ".metadata")):
+            missing.append(path)
+        for k, v in node.get("properties", {}).items():
+            walk(v, f"{path}.{k}")
+        if "items" in node:
+            walk(node["items"], path + "[]")
+
+    walk(openapi_schema()["properties"]["spec"], "spec")
+    walk(openapi_schema()["properties"]["status"], "status")
+    assert not [m for m in missing if not m.endswith("[]")], missing
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_samples_pass_the_crd_schema(sample):
+    # Kubernetes schemas are OpenAPI 3.0 (draft-4 style: boolean exclusiveMinimum)
+    jsonschema.Draft4Validator(openapi_schema()).validate(yaml.safe_load(sample.read_text()))
+    load(sample)  # and the operator's own types
+
+
+def _cel_rules(node, obj, path="spec"):
+    """Yield (rule, message, value) for every x-kubernetes-validations rule that applies to `obj`."""
+    for rule in node.get("x-kubernetes-validations", []):
+        yield rule["rule"], rule["message"], obj, path
+    for key, sub in node.get("properties", {}).items():
+        if isinstance(obj, dict) and key in obj:
+            yield from _cel_rules(sub, obj[key], f"{path}.{key}")
+
+
+def _cel_ok(rule: str, value) -> bool:
+    import celpy
+
+    env = celpy.Environment()
+    return bool(env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(value)}))
+
+
+def test_cel_rules_accept_samples_and_reject_crossed_fields():
+    spec_schema = openapi_schema()["properties"]["spec"]
+    for sample in SAMPLES:
+        spec = yaml.safe_load(sample.read_text())["spec"]
+        rules = list(_cel_rules(spec_schema, spec))
+        assert rules, "the samples should exercise the CEL rules"
+        assert all(_cel_ok(r, v) for r, _, v, _ in rules)
+    bad = yaml.safe_load(SMOL.read_text())["spec"]
+    bad["scheduler"] = {"tokenBudget": 64, "maxChunk": 128}
+    bad["tuning"]["bounds"]["tokenBudget"] = {"min": 512, "max": 256}
+    failed = {m for r, m, v, _ in _cel_rules(spec_schema, bad) if not _cel_ok(r, v)}
+    assert failed == {"maxChunk must be <= tokenBudget", "min must be <= max"}
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_rendered_objects_pass_kubernetes_schemas(sample, version):
+    import kubernetes_validate
+
+    objs = b.desired_objects(load(sample), service_monitor_crd=True)
+    kinds = {o["kind"] for o in objs}
+    assert {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget"} <= kinds
+    for o in objs:
+        assert o["metadata"]["ownerReferences"][0]["uid"] == "1234-abcd"
+        if o["kind"] == "ServiceMonitor":  # a Prometheus Operator CRD: not in the Kubernetes schemas
+            continue
+        kubernetes_validate.validate(o, version, strict=True)
+
+
+def test_pods_are_locked_down_and_probed():
+    dep = b.deployment(load(SMOL))
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health" and c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["CHUNKPILOT_KNOBS_FILE"] == "/etc/chunkpilot/knobs.json"
+    assert {"name": "knobs", "mountPath": "/etc/chunkpilot", "readOnly": True} in c["volumeMounts"]
+    gpu = b.deployment(load(GPU))
+    gc = gpu["spec"]["template"]["spec"]
+    assert gc["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert gc["initContainers"][0]["name"] == "download-model"
+
+
+def test_knob_change_touches_only_the_configmap():
+    obj = load(SMOL)
+    before = b.desired_objects(obj)
+    tuned = copy.deepcopy(obj)
+    tuned.status.scheduler = b.SchedulerStatus(tokenBudget=256, maxChunk=32, source="tuner", generation=7)
+    after = b.desired_objects(tuned)
+    changed = [x["kind"] for x, y in zip(before, after) if x != y]
+    assert changed == ["ConfigMap"]
+    advisory = load(GPU)  # advisory mode: the tuner's knobs are never applied
+    advisory.status.scheduler = tuned.status.scheduler
+    assert '"max_chunk": 512, "token_budget": 2048' in b.desired_objects(advisory)[0]["data"]["knobs.json"]
+    assert '"generation": 7' in after[0]["data"]["knobs.json"] and '"token_budget": 256' in after[0]["data"]["knobs.json"]
+    spec_change = copy.deepcopy(obj)
+    spec_change.spec.scheduler.token_budget = 512
+    assert [x["kind"] for x, y in zip(before, b.desired_objects(spec_change)) if x != y] == ["ConfigMap"]
+
+
+def test_image_model_or_resource_change_rolls_the_pods():
+    obj = load(SMOL)
+    base = b.deployment(obj)["spec"]["template"]["metadata"]["annotations"][b.CONFIG_HASH]
+    for change in (lambda o: setattr(o.spec.engine, "image", "registry/engine:2"),
+                   lambda o: setattr(o.spec.model, "source", "pvc://models/other"),
+                   lambda o: setattr(o.spec.engine.resources, "memory", "8Gi")):
+        o = copy.deepcopy(obj)
+        change(o)
+        assert b.deployment(o)["spec"]["template"]["metadata"]["annotations"][b.CONFIG_HASH] != base
+
+
+def test_single_replica_has_no_pdb_and_monitor_needs_its_crd():
+    obj = load(SMOL)
+    obj.spec.replicas = 1
+    kinds = [o["kind"] for o in b.desired_objects(obj, service_monitor_crd=False)]
+    assert "PodDisruptionBudget" not in kinds and "ServiceMonitor" not in kinds
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda s: s.scheduler.__setattr__("token_budget", 8), "spec.scheduler.tokenBudget"),
+    (lambda s: s.tuning.bounds.token_budget.__setattr__("min", 4), "spec.tuning.bounds.tokenBudget.min"),
+    (lambda s: (s.slo.__setattr__("ttft", None), s.slo.__setattr__("itl", None)), "spec.slo"),
+    (lambda s: s.model.__setattr__("source", "s3://bucket/model"), "spec.model.source"),
+])
+def test_specs_the_schema_cannot_catch_raise_a_spec_error(mutate, field):
+    obj = load(SMOL)
+    mutate(obj.spec)
+    with pytest.raises(b.SpecError, match=field.replace(".", r"\.")):
+        b.desired_objects(obj)
