@@ -96,3 +96,20 @@ def test_cuda_backends_agree(tiny):
         print(backend, "->", llm.engine.attention_backend)
     # bfloat16 kernels differ in rounding: the first tokens must agree
     assert [o.token_ids[:3] for o in outs["sdpa"]] == [o.token_ids[:3] for o in outs["auto"]]
+
+
+def test_contiguous_blocks_shortcut_matches_the_gather(tiny):
+    """A lone sequence on consecutive blocks reads its keys as a slice of the pool; on scattered blocks it
+    gathers them. Both must give the same logprobs."""
+    from collections import OrderedDict
+
+    params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=2, ignore_eos=True)
+    outs = []
+    for scatter in (False, True):
+        llm = LLM(str(tiny), dtype="float32", block_size=4, num_kv_blocks=128, max_num_seqs=1, token_budget=8,
+                  max_chunk=8)
+        if scatter:  # hand out blocks in descending order: no sequence is ever contiguous
+            llm.engine.block_manager._free = OrderedDict((b, None) for b in reversed(range(128)))
+        outs.append(llm.generate(PROMPTS[1], params)[0])
+    assert outs[0].token_ids == outs[1].token_ids
+    assert all(abs(a.logprob - b.logprob) < 1e-5 for a, b in zip(outs[0].logprobs, outs[1].logprobs))

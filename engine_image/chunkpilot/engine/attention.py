@@ -34,6 +34,9 @@ class AttentionGroup:
     # The group is every row of the step in order with no padding (a decode-only step, or one prefill chunk
     # alone): queries need no gather and outputs no scatter.
     covers_all: bool = False
+    # One sequence whose blocks sit back to back in the pool from this block on: its keys are a plain slice of
+    # the pool (a view, no copy). Fresh sequences usually get consecutive blocks from the free list.
+    contiguous_from: int | None = None
 
 
 @dataclass
@@ -85,6 +88,9 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadat
 
 def _gather_blocks(pool: torch.Tensor, g: AttentionGroup, block_size: int) -> torch.Tensor:
     slots, kv_heads, dim = pool.shape
+    if g.contiguous_from is not None:
+        start = g.contiguous_from * block_size
+        return pool[start : start + g.context_len].unsqueeze(0)
     rows = F.embedding(g.block_table, pool.view(slots // block_size, block_size * kv_heads * dim))
     b, n = g.block_table.shape
     return rows.view(b, n * block_size, kv_heads, dim)[:, : g.context_len]

@@ -146,7 +146,11 @@ class ModelRunner:
             # aligned: the chunk sees its cached prefix), about 2x faster than a [Q, L] boolean mask on a long
             # prompt. A lone decode attends to every key.
             mask = causal_lower_right(q_max, ctx_max) if q_max > 1 else None
-            return AttentionGroup(query_index, query_valid, table, ctx_max, mask), new_slots
+            group = AttentionGroup(query_index, query_valid, table, ctx_max, mask)
+            blocks = part[0].seq.block_table[: -(-ctx_max // bs)]
+            if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
+                group.contiguous_from = blocks[0]
+            return group, new_slots
         k_pos = torch.arange(ctx_max, device=dev)
         mask = (k_pos[None, None, :] <= abs_q[:, :, None]) & (k_pos[None, None, :] < ctx_lens[:, None, None])
         # Padded query rows would attend to nothing (NaN in SDPA): let them see key 0; their output is dropped.
