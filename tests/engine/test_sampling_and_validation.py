@@ -141,3 +141,48 @@ def test_incremental_detokenizer_holds_back_partial_stop_strings(llm):
         if hit:
             break
     assert hit and streamed == "alpha beta " and detok.text == "alpha beta "
+
+
+def _metaspace_tokenizer(folder, template=None):
+    """A SentencePiece-style tokenizer (Metaspace): decoding one token alone drops its leading space."""
+    import json as _json
+
+    from tokenizers import Tokenizer as HFTok, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "▁The": 1, "▁capital": 2, "▁is": 3, "▁Paris": 4, "!": 5}
+    tok = HFTok(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(_json.dumps({"chat_template": template} if template else {}))
+    from chunkpilot.engine.tokenizer import Tokenizer
+
+    return Tokenizer(folder)
+
+
+def test_first_token_keeps_its_leading_space_after_the_prompt(tmp_path):
+    tok = _metaspace_tokenizer(tmp_path)
+    assert tok.decode([4]) == "Paris"  # alone, the space is gone
+    detok = IncrementalDetokenizer(tok, [], prompt_ids=tok.encode("The capital is"))
+    assert detok.add(4) == (" Paris", False) and detok.add(5) == ("!", False)
+    assert detok.text == " Paris!"
+
+
+def test_chat_template_errors_become_value_errors(tmp_path):
+    template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}x"
+    tok = _metaspace_tokenizer(tmp_path, template)
+    with pytest.raises(ValueError, match="chat template: Conversation must start with user"):
+        tok.encode_chat([{"role": "assistant", "content": "hi"}])
+
+
+def test_extreme_sampling_values_are_safe(llm):
+    vocab = llm.engine.model_config.vocab_size
+    for params in (SamplingParams(max_tokens=3, top_k=10 * vocab, seed=1), SamplingParams(max_tokens=3, temperature=1e-45),
+                   SamplingParams(max_tokens=3, temperature=1.0, top_p=1e-50, seed=2), SamplingParams(max_tokens=3, seed=-5),
+                   SamplingParams(max_tokens=3, seed=2**63 - 1)):
+        assert len(llm.generate(PROMPT, params)[0].token_ids) == 3
+    greedy = llm.generate(PROMPT, SamplingParams(max_tokens=3, temperature=0.0))[0]
+    assert llm.generate(PROMPT, SamplingParams(max_tokens=3, temperature=1e-45))[0].token_ids == greedy.token_ids
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[-2\^63, 2\^63\)"):
+        SamplingParams(seed=2**64)

@@ -158,6 +158,26 @@ def test_bad_requests_get_openai_errors(server):
     assert post("/v1/completions", {**ok, "prompt": ""})
 
 
+def test_extreme_sampling_values_do_not_hurt_the_server(server):
+    ok = {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}
+    for extra in ({"top_k": 10**7}, {"temperature": 1e-45}, {"top_p": 1e-50}, {"seed": -(2**63)}):
+        r = httpx.post(server.url + "/v1/completions", json={**ok, **extra}, timeout=30)
+        assert r.status_code == 200, (extra, r.text)
+    r = httpx.post(server.url + "/v1/completions", json={**ok, "seed": 2**64}, timeout=30)
+    assert r.status_code == 400 and "seed" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/health").status_code == 200 and httpx.get(server.url + "/ready").status_code == 200
+
+
+def test_streamed_completion_logprobs(server):
+    body = {"model": "smollm2", "prompt": "1, 2, 3,", "max_tokens": 4, "temperature": 0, "logprobs": 1, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as res:
+        chunks = [json.loads(line[6:]) for line in res.iter_lines() if line.startswith("data: {")]
+    lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+    assert sum(len(lp["tokens"]) for lp in lps) == 4
+    offsets = [o for lp in lps for o in lp["text_offset"]]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+
+
 def test_models_health_ready(server):
     models = httpx.get(server.url + "/v1/models").json()
     assert models["data"][0]["id"] == "smollm2" and models["data"][0]["max_model_len"] == MAX_LEN

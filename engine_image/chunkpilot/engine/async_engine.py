@@ -99,6 +99,8 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         live = _Live(seq, asyncio.Queue(), loop)
         with self._lock:
+            if self.error is not None:  # the loop died after the check above: do not wait for it forever
+                raise EngineUnavailableError("the engine stopped")
             waiting = len(self._live) - len(self.engine.scheduler.running)
             if waiting >= self.max_waiting:
                 self.metrics.rejected.labels(self.metrics.model_name, "queue_full").inc()
@@ -143,8 +145,8 @@ class AsyncEngine:
                 self._publish_state()
         except BaseException as e:  # the step loop must never die silently: fail every request, go unready
             log.exception("engine step loop died")
-            self.error = e
-            with self._lock:
+            with self._lock:  # together with generate()'s check: every request is failed or refused
+                self.error = e
                 lives = list(self._live.values())
             for live in lives:
                 live.loop.call_soon_threadsafe(live.queue.put_nowait, e)

@@ -41,10 +41,11 @@ class SchedulerKnobs:
 class KnobHolder:
     """Thread-safe cell for the current knobs; the scheduler snapshots it at the start of every step."""
 
-    def __init__(self, knobs: SchedulerKnobs, *, min_token_budget: int = 1) -> None:
+    def __init__(self, knobs: SchedulerKnobs, *, min_token_budget: int = 1, max_token_budget: int | None = None) -> None:
         self._min_token_budget = min_token_budget
+        self._max_token_budget = max_token_budget
         self._lock = threading.Lock()
-        self._knobs = knobs.validated(min_token_budget=min_token_budget)
+        self._knobs = knobs.validated(min_token_budget=min_token_budget, max_token_budget=max_token_budget)
 
     def get(self) -> SchedulerKnobs:
         with self._lock:
@@ -52,7 +53,7 @@ class KnobHolder:
 
     def set(self, knobs: SchedulerKnobs) -> SchedulerKnobs:
         """Validate and install new knobs; on a bad value raise and keep the last good ones."""
-        knobs.validated(min_token_budget=self._min_token_budget)
+        knobs.validated(min_token_budget=self._min_token_budget, max_token_budget=self._max_token_budget)
         with self._lock:
             self._knobs = knobs
         return knobs

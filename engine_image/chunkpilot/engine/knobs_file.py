@@ -79,7 +79,11 @@ class KnobsFileWatcher:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_interval):
-            self.check()
+            try:
+                self.check()
+            except Exception as e:  # never let the watcher die silently: later changes would be ignored
+                log.exception("knobs file watcher error")
+                self._refuse(f"knobs file watcher error: {type(e).__name__}: {e}", None)
 
     def check(self) -> bool:
         """Read the file once; apply it if its content changed and is valid. Returns True when applied."""
@@ -97,7 +101,7 @@ class KnobsFileWatcher:
                 self._last = data
                 return False
             self.holder.set(knobs)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             return self._refuse(f"refused knobs file {self.path}: {e}; keeping {self.holder.get()}", data)
         self._last = data
         self.last_error = None

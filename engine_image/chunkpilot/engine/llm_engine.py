@@ -78,8 +78,11 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.kv_cache.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
+        # No step can use more than every running sequence's whole context; a larger budget (a typo in a knobs
+        # file) could only run the device out of memory.
         self.knobs = KnobHolder(
-            SchedulerKnobs(config.token_budget, config.max_chunk, 0), min_token_budget=config.max_num_seqs
+            SchedulerKnobs(config.token_budget, config.max_chunk, 0), min_token_budget=config.max_num_seqs,
+            max_token_budget=max(config.token_budget, config.max_num_seqs * self.max_model_len),
         )
         eos = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
@@ -186,7 +189,8 @@ class LLMEngine:
                 if seq.request_id in self._live:
                     raise ValueError(f"request id {seq.request_id!r} is already running")
                 self.scheduler.add(seq)
-                self._live[seq.request_id] = (seq, IncrementalDetokenizer(self.tokenizer, list(seq.params.stop)))
+                detok = IncrementalDetokenizer(self.tokenizer, list(seq.params.stop), seq.prompt_token_ids)
+                self._live[seq.request_id] = (seq, detok)
             elif kind == "abort" and item in self._live:
                 seq, detok = self._live.pop(item)
                 self.scheduler.abort(item)
@@ -217,6 +221,7 @@ class LLMEngine:
         text, hit_stop = detok.add(token)
         if hit_stop:
             self.scheduler.finish(seq, FinishReason.STOP)
+            seq.finish_reason = FinishReason.STOP  # also when this token reached max_tokens: the text was cut
         if seq.is_finished:
             text += detok.flush()
             del self._live[seq.request_id]

@@ -33,12 +33,17 @@ def _finish(out: RequestOutput) -> str | None:
     return {"stop": "stop", "length": "length", "abort": "abort"}.get(out.finish_reason) if out.finished else None
 
 
-def _completion_logprobs(lps: list[TokenLogprob], tok) -> dict | None:
+def _completion_logprobs(lps: list[TokenLogprob], tok, offset: int = 0) -> dict | None:
+    tokens = [tok.decode([lp.token_id], skip_special_tokens=False) for lp in lps]
+    offsets = []
+    for t in tokens:  # character offset of each token in the completion text
+        offsets.append(offset)
+        offset += len(t)
     return {
-        "tokens": [tok.decode([lp.token_id], skip_special_tokens=False) for lp in lps],
+        "tokens": tokens,
         "token_logprobs": [lp.logprob for lp in lps],
         "top_logprobs": [{tok.decode([t], skip_special_tokens=False): v for t, v in lp.top} for lp in lps],
-        "text_offset": [],
+        "text_offset": offsets,
     }
 
 
@@ -68,15 +73,17 @@ async def completion_full(stream, rid: str, model: str, tok: Tokenizer) -> dict:
             "usage": _usage(last)}
 
 
-async def completion_chunks(stream, rid: str, model: str, body: CompletionRequest):
+async def completion_chunks(stream, rid: str, model: str, body: CompletionRequest, tok: Tokenizer):
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    created, last = int(time.time()), None
+    created, last, offset = int(time.time()), None, 0
     async for out in _outputs(stream):
         last = out
-        if not out.new_text and not out.finished:
+        if not out.new_text and not out.finished and not out.new_logprobs:
             continue
+        lp = _completion_logprobs(out.new_logprobs, tok, offset) if out.new_logprobs else None
+        offset += sum(len(t) for t in lp["tokens"]) if lp else 0
         chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
-                 "choices": [{"index": 0, "text": out.new_text, "logprobs": None, "finish_reason": _finish(out)}]}
+                 "choices": [{"index": 0, "text": out.new_text, "logprobs": lp, "finish_reason": _finish(out)}]}
         if include_usage:
             chunk["usage"] = None
         yield chunk

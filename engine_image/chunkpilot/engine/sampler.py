@@ -24,7 +24,7 @@ class Sampler:
         g = self._request_generators.get(request_id)
         if g is None:
             g = torch.Generator(device=self.device)
-            g.manual_seed(params.seed)
+            g.manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)  # negative seeds too (manual_seed wants uint64)
             self._request_generators[request_id] = g
         return g
 
@@ -63,7 +63,8 @@ class Sampler:
         logits = logits / temps[:, None]
         top_k = [p.top_k for p in params]
         if any(k > 0 for k in top_k):
-            k = torch.tensor([k if k > 0 else logits.shape[-1] for k in top_k], device=logits.device)
+            vocab = logits.shape[-1]
+            k = torch.tensor([min(k, vocab) if k > 0 else vocab for k in top_k], device=logits.device)
             kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
             logits = logits.masked_fill(logits < kth, float("-inf"))
         top_p = torch.tensor([p.top_p for p in params], device=logits.device, dtype=logits.dtype)
@@ -72,6 +73,7 @@ class Sampler:
             cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
             # Drop a token when the mass before it already reaches top_p (the top token always stays).
             drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p[:, None]
+            drop_sorted[:, 0] = False  # however small top_p is (it may round to 0), the top token stays
             drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
             logits = logits.masked_fill(drop, float("-inf"))
         return logits.softmax(dim=-1)

@@ -169,8 +169,10 @@ def build_app(settings: ServerSettings) -> FastAPI:
 
     # ---- probes and metrics -----------------------------------------------------------------------------
     @app.get("/health")
-    async def health() -> dict:
-        """The process is alive (liveness)."""
+    async def health():
+        """The process is alive (liveness). Fails once the step loop has died, so Kubernetes restarts the pod."""
+        if state.engine is not None and state.engine.error is not None:
+            return JSONResponse({"status": "failed", "reason": f"step loop died: {state.engine.error!r}"}, 503)
         return {"status": "ok"}
 
     @app.get("/ready")
@@ -206,9 +208,9 @@ def build_app(settings: ServerSettings) -> FastAPI:
             prompt = prompt[0]
         params = _params(body.sampling_params)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        stream = await _start(engine, rid, params, prompt=prompt)
+        stream = await _start(engine, rid, params, request, prompt=prompt)
         if body.stream:
-            return _sse(completion_chunks(stream, rid, settings.model_name, body), request)
+            return _sse(completion_chunks(stream, rid, settings.model_name, body, engine.engine.tokenizer), request)
         return await _until_done(completion_full(stream, rid, settings.model_name, engine.engine.tokenizer), request)
 
     @app.post("/v1/chat/completions")
@@ -217,7 +219,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
         max_len = engine.engine.max_model_len
         params = _params(lambda: body.sampling_params(default_max_tokens=max_len))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await _start(engine, rid, params, messages=body.template_messages())
+        stream = await _start(engine, rid, params, request, messages=body.template_messages())
         if body.stream:
             return _sse(chat_chunks(stream, rid, settings.model_name, body, engine.engine.tokenizer), request)
         return await _until_done(chat_full(stream, rid, settings.model_name, engine.engine.tokenizer), request)
@@ -241,12 +243,20 @@ def _params(make):
         raise bad_request(str(e)) from None
 
 
-async def _start(engine: AsyncEngine, rid: str, params, **prompt):
+async def _start(engine: AsyncEngine, rid: str, params, request: Request, **prompt):
     """Start the request and wait for its first output, so input errors, a full queue or a draining engine
-    become proper HTTP errors instead of a broken stream."""
+    become proper HTTP errors instead of a broken stream. A client that leaves while queued is aborted."""
     gen = engine.generate(rid, params=params, **prompt)
+    first_output = asyncio.ensure_future(gen.__anext__())
     try:
-        first = await gen.__anext__()
+        while not first_output.done():
+            await asyncio.wait({first_output}, timeout=0.25)
+            if not first_output.done() and await request.is_disconnected():
+                first_output.cancel()
+                await asyncio.gather(first_output, return_exceptions=True)
+                await gen.aclose()
+                raise ApiError(499, "client closed the request", "client_closed_request", code=499)
+        first = first_output.result()
     except ValueError as e:
         raise bad_request(str(e), "prompt" if "prompt" in str(e) else None) from None
     except QueueFullError as e:
@@ -265,7 +275,10 @@ async def _until_done(coro, request: Request):
         if not done and await request.is_disconnected():
             task.cancel()
             return Response(status_code=499)
-    return task.result()
+    try:
+        return task.result()
+    except EngineUnavailableError as e:
+        raise ApiError(503, str(e), "service_unavailable", code=503) from None
 
 
 def _sse(chunks, request: Request) -> StreamingResponse:

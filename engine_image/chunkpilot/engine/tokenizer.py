@@ -55,12 +55,15 @@ class Tokenizer:
             raise ValueError("this model has no chat template; use a completion prompt instead")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
-        return env.from_string(self.chat_template).render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-        )
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except jinja2.TemplateError as e:  # templates reject e.g. non-alternating roles: the caller's input
+            raise ValueError(f"messages do not fit this model's chat template: {e}") from None
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         # The template already spells the special tokens (as transformers' apply_chat_template(tokenize=True)).
@@ -82,11 +85,19 @@ class IncrementalDetokenizer:
 
     tokenizer: Tokenizer
     stop: list[str] = field(default_factory=list)
+    # The prompt's last tokens give the first output token its context: SentencePiece decoders drop a leading
+    # space when a token is decoded alone (" Paris" → "Paris").
+    prompt_ids: list[int] = field(default_factory=list)
     text: str = ""
     _ids: list[int] = field(default_factory=list)
     _prefix_offset: int = 0
     _read_offset: int = 0
     _emitted: int = 0
+
+    def __post_init__(self) -> None:
+        self._ids = list(self.prompt_ids[-6:])
+        self._prefix_offset = max(len(self._ids) - 5, 0)
+        self._read_offset = len(self._ids)
 
     def add(self, token_id: int) -> tuple[str, bool]:
         """Append one token; returns (text safe to emit now, whether a stop string was hit). On a hit the
