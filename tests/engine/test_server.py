@@ -215,7 +215,8 @@ def test_knobs_file_changes_apply_mid_stream_and_bad_files_change_nothing(server
     errors = server.metrics()[names.SCHEDULER_KNOB_ERRORS]
     bad_files = [b"{not json", json.dumps({"token_budget": 64, "max_chunk": 128, "generation": gen + 2}).encode(),
                  json.dumps({"token_budget": 8, "max_chunk": 8, "generation": gen + 3}).encode(),  # < max_num_seqs
-                 json.dumps({"token_budget": 64, "max_chunk": 64}).encode()]
+                 json.dumps({"token_budget": 64, "max_chunk": 64}).encode(),
+                 json.dumps({"token_budget": 10**9, "max_chunk": 64, "generation": gen + 5}).encode()]  # > any step
     for i, data in enumerate(bad_files, start=1):
         knobs_path.write_bytes(data)
         assert wait_for(lambda: server.metrics()[names.SCHEDULER_KNOB_ERRORS] == errors + i, timeout=3), data

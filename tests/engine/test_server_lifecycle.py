@@ -141,3 +141,42 @@ def test_schemathesis_finds_no_server_errors(tmp_path):
         assert counts and int(counts[1]) > 100 and counts[1] == counts[2], res.stdout[-3000:]
     finally:
         srv.stop()
+
+
+def test_a_dead_step_loop_fails_health_and_requests_instead_of_hanging(tmp_path):
+    """In-process (starlette's TestClient runs the app and its lifespan): make the step loop die, then every
+    request must get 503 at once and /health must fail, so the liveness probe restarts the pod."""
+    from starlette.testclient import TestClient
+
+    from chunkpilot.engine import EngineConfig
+    from chunkpilot.engine.server import ServerSettings, build_app
+
+    model = make_checkpoint(tmp_path / "tiny", "llama")
+    app = build_app(ServerSettings(EngineConfig(model=str(model), max_model_len=128), served_model_name="tiny"))
+    with TestClient(app) as client:
+        assert wait_for(lambda: client.get("/ready").status_code == 200)
+        state = app.state.server
+
+        def broken_step():
+            raise RuntimeError("simulated device failure")
+
+        state.engine.engine.step = broken_step
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 4}
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+        assert client.post("/v1/completions", json=body).status_code == 503  # refused up front now
+        assert client.get("/health").status_code == 503
+        assert client.get("/ready").status_code == 503
+
+
+def test_a_client_that_leaves_while_queued_is_aborted(keyed):
+    auth = {"Authorization": "Bearer s3cret"}
+    running = stream_in_thread(keyed.url, LONG, auth)
+    assert wait_for(lambda: len(running[1]) >= 1)
+    with pytest.raises(httpx.ReadTimeout):  # queued behind the running stream; the client gives up
+        httpx.post(keyed.url + "/v1/completions", json={**LONG, "stream": False}, headers=auth, timeout=1.0)
+    # without the abort it would wait (and hold its queue slot) until the 300-token stream ends
+    assert wait_for(lambda: keyed.metrics()["chunkpilot:num_requests_waiting"] == 0, timeout=5)
+    assert running[0].is_alive(), "the running stream should still be going"
+    running[2]["stop"] = True
+    running[0].join(30)

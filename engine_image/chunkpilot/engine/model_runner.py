@@ -36,7 +36,7 @@ class ModelRunner:
             return RunnerOutput(sampled={})
         chunks = sched.chunks
         input_ids, positions = self._flatten(chunks)
-        meta = self._metadata(chunks, sched.num_decodes)
+        meta = self._metadata(chunks, sched.num_decodes, positions)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         hidden = self.model(input_ids, cos, sin, self.kv_cache.tensor, meta)
@@ -78,19 +78,20 @@ class ModelRunner:
             positions.to(self.device),
         )
 
-    def _metadata(self, chunks: list[ScheduledChunk], num_decodes: int) -> AttentionMetadata:
+    def _metadata(self, chunks: list[ScheduledChunk], num_decodes: int, positions: torch.Tensor) -> AttentionMetadata:
         if self.backend == "varlen":
-            return self._varlen_metadata(chunks)
+            return self._varlen_metadata(chunks, positions)
         groups, slot_parts = [], []
         row = 0
         parts = [p for p in (chunks[:num_decodes], chunks[num_decodes:]) if p]
         for part in parts:
-            group, slots = self._group(part, row)
+            n = sum(c.num_tokens for c in part)
+            group, slots = self._group(part, row, positions[row : row + n])
             # the only group, and no padding (all decodes, or chunks of one length): rows are the step's rows
             group.covers_all = len(parts) == 1 and len({c.num_tokens for c in part}) == 1
             groups.append(group)
             slot_parts.append(slots)
-            row += sum(c.num_tokens for c in part)
+            row += n
         return AttentionMetadata(slot_mapping=torch.cat(slot_parts), groups=groups, block_size=self.block_size)
 
     def _block_table(self, chunks: list[ScheduledChunk], ctx_max: int) -> torch.Tensor:
@@ -101,18 +102,18 @@ class ModelRunner:
             table[i, : len(bt)] = torch.tensor(bt, dtype=torch.long)
         return table.to(self.device)
 
-    def _varlen_metadata(self, chunks: list[ScheduledChunk]) -> AttentionMetadata:
+    def _slot_mapping(self, table: torch.Tensor, counts: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Pool slot of every new token: its sequence's block at (position // bs), plus position % bs."""
+        rows = torch.repeat_interleave(torch.arange(len(table), device=self.device), counts)
+        return table[rows, positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def _varlen_metadata(self, chunks: list[ScheduledChunk], positions: torch.Tensor) -> AttentionMetadata:
         dev, bs = self.device, self.block_size
         starts = torch.tensor([c.start for c in chunks], device=dev)
         counts = torch.tensor([c.num_tokens for c in chunks], device=dev)
         ctx_lens = starts + counts
         table = self._block_table(chunks, int(ctx_lens.max()))
-        # slot of every new token: its sequence's block table at (position // bs), plus position % bs
-        rows = torch.repeat_interleave(torch.arange(len(chunks), device=dev), counts)
-        positions = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts) + torch.arange(
-            int(counts.sum()), device=dev
-        )
-        slot_mapping = table[rows, positions // bs] * bs + positions % bs
+        slot_mapping = self._slot_mapping(table, counts, positions)
         zero = torch.zeros(1, dtype=torch.int32, device=dev)
         varlen = VarlenMetadata(
             cu_seq_q=torch.cat([zero, torch.cumsum(counts, 0).to(torch.int32)]),
@@ -124,7 +125,7 @@ class ModelRunner:
         )
         return AttentionMetadata(slot_mapping, [], varlen, bs)
 
-    def _group(self, part: list[ScheduledChunk], first_row: int) -> tuple[AttentionGroup, torch.Tensor]:
+    def _group(self, part: list[ScheduledChunk], first_row: int, positions: torch.Tensor) -> tuple[AttentionGroup, torch.Tensor]:
         dev, bs = self.device, self.block_size
         b = len(part)
         starts = torch.tensor([c.start for c in part], device=dev)
@@ -138,9 +139,7 @@ class ModelRunner:
         row_starts = first_row + torch.cumsum(counts, 0) - counts
         query_index = row_starts[:, None] + torch.where(query_valid, q_pos[None, :], 0)
         abs_q = starts[:, None] + q_pos[None, :]  # absolute position of each query
-        valid_pos = abs_q[query_valid]
-        rows = torch.repeat_interleave(torch.arange(b, device=dev), counts)
-        new_slots = table[rows, valid_pos // bs] * bs + valid_pos % bs
+        new_slots = self._slot_mapping(table, counts, positions)
         if b == 1:
             # One sequence: no padding, so no explicit mask. SDPA then takes its fused causal path (bottom-right
             # aligned: the chunk sees its cached prefix), about 2x faster than a [Q, L] boolean mask on a long

@@ -64,6 +64,26 @@ class ApiError(Exception):
                             headers=self.headers)
 
 
+class ApiKeyMiddleware:
+    """`Authorization: Bearer <key>` on /v1/*. A plain ASGI middleware on purpose: Starlette's
+    BaseHTTPMiddleware (`@app.middleware("http")`) wraps `receive`, and then `request.is_disconnected()` never
+    sees a client leave, so queued requests of vanished clients would not be aborted."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            token = given[7:] if given.lower().startswith(b"bearer ") else b""
+            if not hmac.compare_digest(token, self.key):
+                response = ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
+                                    "authentication_error", code="invalid_api_key").response()
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, "invalid_request_error", param=param, code=400)
 
@@ -156,16 +176,8 @@ def build_app(settings: ServerSettings) -> FastAPI:
         log.exception("unhandled error")
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "internal_error", code=500), 500)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        key = settings.api_key
-        if key and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), key.encode()):
-                return ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
-                                "authentication_error", code="invalid_api_key").response()
-        return await call_next(request)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=settings.api_key)
 
     # ---- probes and metrics -----------------------------------------------------------------------------
     @app.get("/health")
