@@ -40,7 +40,7 @@ def test_wheel_imports_without_the_source_tree(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(tmp_path)
     code = (
         "import sys; sys.path[:] = [p for p in sys.path if p not in %r]; sys.path.insert(0, %r);"
-        "import chunkpilot.engine, chunkpilot.cli.main, chunkpilot.loadgen, chunkpilot.api, chunkpilot.operator.builders;"
+        "import chunkpilot.engine, chunkpilot.cli.main, chunkpilot.loadgen, chunkpilot.api, chunkpilot.operator.handlers;"
         "assert chunkpilot.engine.__file__.startswith(%r), chunkpilot.engine.__file__;"
         "from chunkpilot.engine import LLM, SamplingParams; print('ok')"
     ) % ([str(ROOT / d) for d in ("engine_image", "cli", "loadgen", "operator")] + ["", str(ROOT)], str(tmp_path),
@@ -59,7 +59,7 @@ def test_editable_install_imports_from_the_repo():
 def test_cli_help_lists_subcommands():
     res = CliRunner().invoke(app, ["--help"])
     assert res.exit_code == 0
-    for command in ("engine", "model", "bench", "crds"):
+    for command in ("engine", "model", "operator", "bench", "crds"):
         assert command in res.output
 
 

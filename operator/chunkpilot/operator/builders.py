@@ -59,13 +59,17 @@ def served_name(obj: InferenceDeployment) -> str:
 
 
 def effective_knobs(obj: InferenceDeployment) -> SchedulerStatus:
-    """The tuner's knobs when it owns them (auto mode, status written), else the spec's."""
+    """The knobs the pods should apply now. The tuner's when it owns them (auto mode and it wrote status),
+    else the spec's. Any change of the values bumps the generation, which the pods export, so the tuner and
+    `kubectl get` can tell when every pod applied them."""
     st = obj.status.scheduler
     if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner":
         return st
-    gen = st.generation if st is not None else 0
-    return SchedulerStatus(tokenBudget=obj.spec.scheduler.token_budget, maxChunk=obj.spec.scheduler.max_chunk,
-                           source="spec", generation=gen)
+    want = (obj.spec.scheduler.token_budget, obj.spec.scheduler.max_chunk)
+    if st is not None and st.source == "spec" and (st.token_budget, st.max_chunk) == want:
+        return st
+    return SchedulerStatus(tokenBudget=want[0], maxChunk=want[1], source="spec",
+                           generation=(st.generation + 1) if st is not None else 1)
 
 
 def validate(obj: InferenceDeployment) -> None:

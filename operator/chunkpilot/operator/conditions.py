@@ -1,0 +1,114 @@
+"""Pure functions: the owned Deployment's state (and any error) in, the InferenceDeployment's status out.
+
+The operator owns the Ready, Progressing and Degraded conditions; the tuner owns Tuning and SLOMet. Each side
+replaces only its own types so that neither wipes the other's."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+OPERATOR_CONDITIONS = ("Ready", "Progressing", "Degraded")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the operator could not make the cluster match the spec (None when it could)."""
+
+    reason: str  # CamelCase, e.g. InvalidSpec, MissingVolume, ApiError
+    message: str  # says what to change
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cond(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> dict:
+    return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message,
+            "observedGeneration": generation}
+
+
+def deployment_conditions(deploy: dict | None, desired_replicas: int, generation: int | None,
+                          problem: Problem | None) -> list[dict]:
+    """Ready / Progressing / Degraded from the Deployment's status, as `kubectl rollout status` reads it."""
+    ds = (deploy or {}).get("status") or {}
+    dgen = int((deploy or {}).get("metadata", {}).get("generation") or 0)
+    ready = int(ds.get("readyReplicas") or 0)
+    updated = int(ds.get("updatedReplicas") or 0)
+    total = int(ds.get("replicas") or 0)
+    by_type = {c.get("type"): c for c in ds.get("conditions") or []}
+    prog = by_type.get("Progressing", {})
+    deadline = prog.get("status") == "False" and prog.get("reason") == "ProgressDeadlineExceeded"
+    replica_failure = by_type.get("ReplicaFailure", {})
+
+    if deploy is None:
+        ready_c = _cond("Ready", False, "NotCreated", "the engine Deployment does not exist yet", generation)
+    elif desired_replicas == 0:
+        ready_c = _cond("Ready", True, "ScaledToZero", "replicas is 0", generation)
+    elif ready >= desired_replicas:
+        ready_c = _cond("Ready", True, "AllReplicasReady", f"{ready}/{desired_replicas} engine pods ready", generation)
+    else:
+        ready_c = _cond("Ready", False, "ReplicasNotReady", f"{ready}/{desired_replicas} engine pods ready",
+                        generation)
+
+    rolling = deploy is not None and (int(ds.get("observedGeneration") or 0) < dgen or updated < desired_replicas
+                                      or total > updated or ready < desired_replicas)
+    if deadline:
+        prog_c = _cond("Progressing", False, "RolloutFailed", prog.get("message") or "progress deadline exceeded",
+                       generation)
+    elif rolling:
+        prog_c = _cond("Progressing", True, "RollingOut",
+                       f"{updated}/{desired_replicas} pods updated, {ready} ready", generation)
+    else:
+        prog_c = _cond("Progressing", False, "RolloutComplete" if deploy is not None else "NotCreated",
+                       "all engine pods run the current spec" if deploy is not None else "", generation)
+
+    if problem is not None:
+        deg_c = _cond("Degraded", True, problem.reason, problem.message, generation)
+    elif deadline:
+        deg_c = _cond("Degraded", True, "RolloutFailed",
+                      (prog.get("message") or "the rollout did not progress") +
+                      "; check the engine pods' events and logs (image, GPU capacity, model path)", generation)
+    elif replica_failure.get("status") == "True":
+        deg_c = _cond("Degraded", True, "ReplicaFailure", replica_failure.get("message") or "pods cannot be created",
+                      generation)
+    else:
+        deg_c = _cond("Degraded", False, "AsExpected", "", generation)
+    return [ready_c, prog_c, deg_c]
+
+
+def merge_conditions(old: list[dict], new: list[dict], now: str) -> list[dict]:
+    """Replace the conditions of the types in `new`; keep the others (the tuner's) and keep lastTransitionTime
+    when a condition's status did not change (the Kubernetes convention)."""
+    by_type = {c.get("type"): c for c in old or []}
+    out = [c for c in old or [] if c.get("type") not in {n["type"] for n in new}]
+    for cond in new:
+        prev = by_type.get(cond["type"])
+        same = prev is not None and prev.get("status") == cond["status"]
+        out.append({**cond, "lastTransitionTime": prev.get("lastTransitionTime") if same and prev.get(
+            "lastTransitionTime") else now})
+    order = {t: i for i, t in enumerate(("Ready", "Progressing", "Degraded", "Tuning", "SLOMet"))}
+    return sorted(out, key=lambda c: order.get(c.get("type"), 99))
+
+
+def status_patch(current_status: dict, *, deploy: dict | None, desired_replicas: int, generation: int | None,
+                 selector: str, scheduler: dict | None, problem: Problem | None, now: str) -> dict | None:
+    """The merge patch for `status`, or None when nothing changed (so reconciles that change nothing write
+    nothing: level-triggered without a write loop)."""
+    ds = (deploy or {}).get("status") or {}
+    want = {
+        "observedGeneration": generation,
+        "replicas": int(ds.get("replicas") or 0),
+        "readyReplicas": int(ds.get("readyReplicas") or 0),
+        "selector": selector,
+        "conditions": merge_conditions(current_status.get("conditions") or [],
+                                       deployment_conditions(deploy, desired_replicas, generation, problem), now),
+    }
+    if scheduler is not None:
+        want["scheduler"] = scheduler
+    changed = {k: v for k, v in want.items() if current_status.get(k) != v}
+    return changed or None
+
+
+def condition(status: dict, type_: str) -> dict | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)

@@ -1,0 +1,121 @@
+"""The operator's only door to the API server: read, create, server-side apply, patch status, check existence.
+
+Raw JSON in and out (`_preload_content=False`): the builders speak plain dicts, and skipping the client's model
+classes keeps 200 deployments cheap. Every call the operator makes is in this file, which is what the Helm chart's
+RBAC role is checked against."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import kubernetes
+from kubernetes.client import ApiException
+
+from chunkpilot.api.types import GROUP, PLURAL, VERSION
+from chunkpilot.operator.apply import FIELD_MANAGER, with_hash
+
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class _Typed:
+    api: str  # class in kubernetes.client
+    suffix: str  # e.g. config_map -> read_namespaced_config_map
+
+
+TYPED = {
+    ("v1", "ConfigMap"): _Typed("CoreV1Api", "config_map"),
+    ("v1", "Service"): _Typed("CoreV1Api", "service"),
+    ("v1", "PersistentVolumeClaim"): _Typed("CoreV1Api", "persistent_volume_claim"),
+    ("apps/v1", "Deployment"): _Typed("AppsV1Api", "deployment"),
+    ("policy/v1", "PodDisruptionBudget"): _Typed("PolicyV1Api", "pod_disruption_budget"),
+}
+CUSTOM = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+          (f"{GROUP}/{VERSION}", "InferenceDeployment"): PLURAL}
+
+
+def load_config() -> None:
+    """In a pod: the service account; elsewhere: $KUBECONFIG or ~/.kube/config (like kubectl)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+class Kube:
+    def __init__(self, api_client: kubernetes.client.ApiClient | None = None, pool_size: int = 32) -> None:
+        if api_client is None:
+            conf = kubernetes.client.Configuration.get_default_copy()
+            conf.connection_pool_maxsize = pool_size  # handlers run in a thread pool
+            api_client = kubernetes.client.ApiClient(conf)
+        self.client = api_client
+        self._apis: dict[str, object] = {}
+
+    def _api(self, name: str):
+        if name not in self._apis:
+            self._apis[name] = getattr(kubernetes.client, name)(self.client)
+        return self._apis[name]
+
+    @staticmethod
+    def _json(resp) -> dict:
+        return json.loads(resp.data)
+
+    def read(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            if (api_version, kind) in TYPED:
+                t = TYPED[(api_version, kind)]
+                fn = getattr(self._api(t.api), f"read_namespaced_{t.suffix}")
+                return self._json(fn(name, namespace, _preload_content=False))
+            group, version = api_version.split("/")
+            return self._json(self._api("CustomObjectsApi").get_namespaced_custom_object(
+                group, version, namespace, CUSTOM[(api_version, kind)], name, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create(self, obj: dict) -> dict:
+        body = with_hash(obj)
+        av, kind, ns = obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"]
+        if (av, kind) in TYPED:
+            t = TYPED[(av, kind)]
+            fn = getattr(self._api(t.api), f"create_namespaced_{t.suffix}")
+            return self._json(fn(ns, body, field_manager=FIELD_MANAGER, _preload_content=False))
+        group, version = av.split("/")
+        return self._json(self._api("CustomObjectsApi").create_namespaced_custom_object(
+            group, version, ns, CUSTOM[(av, kind)], body, field_manager=FIELD_MANAGER, _preload_content=False))
+
+    def apply(self, obj: dict) -> dict:
+        """Server-side apply as our field manager: fields we stopped setting are removed, others' are kept."""
+        body = with_hash(obj)
+        av, kind, ns, name = obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
+        kw = dict(field_manager=FIELD_MANAGER, force=True, _content_type=APPLY, _preload_content=False)
+        if (av, kind) in TYPED:
+            t = TYPED[(av, kind)]
+            return self._json(getattr(self._api(t.api), f"patch_namespaced_{t.suffix}")(name, ns, body, **kw))
+        group, version = av.split("/")
+        return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object(
+            group, version, ns, CUSTOM[(av, kind)], name, body, **kw))
+
+    def patch_status(self, namespace: str, name: str, status: dict, resource_version: str | None = None) -> dict:
+        """Merge-patch status. With `resource_version`, the server refuses (409) if the object changed since it
+        was read, so a pass working from a stale copy cannot overwrite what the tuner wrote meanwhile."""
+        body: dict = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE, _preload_content=False))
+
+    def read_inference_deployment(self, namespace: str, name: str) -> dict | None:
+        return self.read(f"{GROUP}/{VERSION}", "InferenceDeployment", namespace, name)
+
+    def crd_exists(self, name: str) -> bool:
+        try:
+            self._api("ApiextensionsV1Api").read_custom_resource_definition(name, _preload_content=False)
+            return True
+        except ApiException as e:
+            if e.status in (403, 404):
+                return False
+            raise

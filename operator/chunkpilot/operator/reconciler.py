@@ -1,0 +1,223 @@
+"""One level-triggered pass over one InferenceDeployment: read what is, render what should be, change the
+difference, write status. Safe to run any number of times, from any trigger, after any crash.
+
+Order matters for "no half-applied objects": the whole spec is checked (types, cross-field rules, referenced
+volumes) before the first write, and a spec that fails leaves every existing object as it was."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kubernetes.client import ApiException
+from pydantic import ValidationError
+
+from chunkpilot.api.types import InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus
+from chunkpilot.operator import builders
+from chunkpilot.operator.apply import describe, plan
+from chunkpilot.operator.conditions import Problem, condition, now_rfc3339, status_patch
+from chunkpilot.operator.kube import Kube
+
+log = logging.getLogger(__name__)
+
+# (object, type Normal|Warning, reason, message) -> posts a Kubernetes Event about the InferenceDeployment.
+EventPoster = Callable[[dict, str, str, str], None]
+SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+
+
+@dataclass
+class Outcome:
+    changes: list[str] = field(default_factory=list)  # e.g. "apply ConfigMap x"
+    problem: Problem | None = None
+    status: dict | None = None  # the status patch written, if any
+
+
+def spec_error_message(err: ValidationError) -> str:
+    """pydantic's errors as `spec.field.path: what is wrong (got value)`, in the CRD's camelCase names."""
+    parts = []
+    for e in err.errors()[:5]:
+        loc = ".".join(str(p) for p in ("spec", *e["loc"]))
+        got = e.get("input")
+        parts.append(f"{loc}: {e['msg']}" + (f" (got {got!r})" if not isinstance(got, dict) else ""))
+    return "; ".join(parts)
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: builders.OperatorSettings, post_event: EventPoster,
+                 crd_cache_seconds: float = 60.0) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.post_event = post_event
+        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._crd_cache: tuple[float, bool] | None = None
+        self._crd_cache_seconds = crd_cache_seconds
+        self._warned_monitor: set[str] = set()
+
+    def reconcile(self, raw: dict) -> Outcome:
+        meta = raw.get("metadata", {})
+        # The Deployment watch and the InferenceDeployment watch both trigger passes; one at a time per object.
+        with self._locks[(meta.get("namespace", "default"), meta["name"])]:
+            return self._reconcile(raw)
+
+    def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
+        raw = self.kube.read_inference_deployment(namespace, name)
+        return None if raw is None else self.reconcile(raw)
+
+    # -- one pass ------------------------------------------------------------------------------------------
+    def _reconcile(self, raw: dict) -> Outcome:
+        meta = raw["metadata"]
+        if meta.get("deletionTimestamp"):
+            return Outcome()  # owner references let the garbage collector remove the children
+        ns, name = meta.get("namespace", "default"), meta["name"]
+        out = Outcome()
+        obj, desired = None, []
+        try:
+            obj = self._parse(raw)
+            desired = self._desired(obj, raw)
+        except (builders.SpecError, ValidationError) as e:
+            msg = spec_error_message(e) if isinstance(e, ValidationError) else str(e)
+            out.problem = Problem("InvalidSpec", msg)
+        except _MissingVolume as e:
+            out.problem = Problem("MissingVolume", str(e))
+        except ApiException as e:
+            out.problem = Problem("ApiError", _api_message(e, "reading referenced objects"))
+
+        deploy_live = None
+        if out.problem is None and obj is not None:
+            try:
+                deploy_live = self._apply_all(raw, desired, out)
+            except ApiException as e:
+                out.problem = Problem("ApiError", _api_message(e, "applying the engine objects"))
+        if deploy_live is None:
+            deploy_live = self._read_quietly("apps/v1", "Deployment", ns, name)
+
+        status = raw.get("status") or {}
+        scheduler = None
+        if obj is not None and out.problem is None:
+            knobs = builders.effective_knobs(obj)
+            if knobs.source == "spec":  # the tuner writes its own knobs; never overwrite them
+                scheduler = knobs.model_dump(by_alias=True)
+        spec = raw.get("spec") or {}
+        replicas = obj.spec.replicas if obj is not None else int(spec.get("replicas") or 0)
+        patch = status_patch(status, deploy=deploy_live, desired_replicas=replicas, generation=meta.get("generation"),
+                             selector=",".join(f"{k}={v}" for k, v in builders.selector_labels(name).items()),
+                             scheduler=scheduler, problem=out.problem, now=now_rfc3339())
+        if patch is not None:
+            try:
+                self.kube.patch_status(ns, name, patch, meta.get("resourceVersion"))
+                out.status = patch
+            except ApiException as e:
+                if e.status == 409:  # changed since read (e.g. the tuner wrote knobs): its event brings a new pass
+                    log.debug("status of %s/%s is stale; the next pass writes it", ns, name)
+                elif e.status != 404:  # 404: deleted meanwhile, nothing to report on
+                    log.warning("status of %s/%s not written: %s", ns, name, _api_message(e, "writing status"))
+        self._post_problem(raw, status, out.problem)
+        return out
+
+    def _parse(self, raw: dict) -> InferenceDeployment:
+        spec = InferenceDeploymentSpec.model_validate(raw.get("spec") or {})
+        try:  # status is ours and the tuner's; an unreadable one is not the user's spec error
+            status = InferenceDeploymentStatus.model_validate(raw.get("status") or {})
+        except ValidationError:
+            status = InferenceDeploymentStatus()
+        return InferenceDeployment(metadata=raw["metadata"], spec=spec, status=status)
+
+    def _desired(self, obj: InferenceDeployment, raw: dict) -> list[dict]:
+        builders.validate(obj)
+        src = obj.spec.model.source
+        ns = obj.metadata.get("namespace", "default")
+        if src.startswith("pvc://"):
+            claim = src.removeprefix("pvc://").partition("/")[0]
+            if self.kube.read("v1", "PersistentVolumeClaim", ns, claim) is None:
+                raise _MissingVolume(f"spec.model.source names PersistentVolumeClaim {claim!r}, which does not exist "
+                                     f"in namespace {ns!r}: create it (with the model files) or fix the source")
+        return builders.desired_objects(obj, self.settings, service_monitor_crd=self._monitor_crd(obj, raw))
+
+    def _monitor_crd(self, obj: InferenceDeployment, raw: dict) -> bool:
+        if not obj.spec.monitoring.service_monitor:
+            return False
+        now = time.monotonic()
+        if self._crd_cache is None or now - self._crd_cache[0] > self._crd_cache_seconds:
+            self._crd_cache = (now, self.kube.crd_exists(SERVICE_MONITOR_CRD))
+        if not self._crd_cache[1] and obj.metadata["uid"] not in self._warned_monitor:
+            self._warned_monitor.add(obj.metadata["uid"])
+            self.post_event(raw, "Warning",
+                            "ServiceMonitorUnavailable", "spec.monitoring.serviceMonitor is true but the cluster has no "
+                            "ServiceMonitor CRD (install the Prometheus Operator, or scrape the engine Service's "
+                            "metrics port yourself)")
+        return self._crd_cache[1]
+
+    def _apply_all(self, raw: dict, desired: list[dict], out: Outcome) -> dict | None:
+        deploy_live = None
+        for want in desired:
+            m = want["metadata"]
+            live = self.kube.read(want["apiVersion"], want["kind"], m["namespace"], m["name"])
+            action = plan(want, live)
+            if action == "create":
+                try:
+                    live = self.kube.create(want)
+                except ApiException as e:
+                    if e.status != 409:  # 409: another pass (or operator replica) created it first
+                        raise
+                    live = self.kube.apply(want)
+                    action = "apply"
+                self.post_event(raw, "Normal", "Created", f"created {describe(want)}")
+            elif action == "apply":
+                before = live
+                live = self.kube.apply(want)
+                self._post_update(raw, want, before)
+            if action != "none":
+                out.changes.append(f"{action} {describe(want)}")
+            if want["kind"] == "Deployment":
+                deploy_live = live
+        return deploy_live
+
+    def _post_update(self, raw: dict, want: dict, before: dict) -> None:
+        if want["kind"] == "ConfigMap":
+            knobs = json.loads(want["data"][builders.KNOBS_FILE])
+            self.post_event(raw, "Normal", "KnobsChanged",
+                            f"token budget {knobs['token_budget']}, max chunk {knobs['max_chunk']} "
+                            f"(generation {knobs['generation']}): the pods apply them in place, no restart")
+        elif want["kind"] == "Deployment" and _template_hash(want) != _template_hash(before):
+            self.post_event(raw, "Normal", "RollingUpdate", "the engine image, model, resources or engine settings "
+                            "changed: pods are replaced one at a time (maxUnavailable 0)")
+        else:
+            self.post_event(raw, "Normal", "Updated", f"updated {describe(want)}")
+
+    def _post_problem(self, raw: dict, old_status: dict, problem: Problem | None) -> None:
+        """A Warning Event when a problem appears or changes; not again on every pass while it persists."""
+        if problem is None:
+            return
+        prev = condition(old_status, "Degraded") or {}
+        if prev.get("status") == "True" and prev.get("reason") == problem.reason and \
+                prev.get("message") == problem.message:
+            return
+        self.post_event(raw, "Warning", problem.reason, problem.message)
+
+    def _read_quietly(self, api_version: str, kind: str, ns: str, name: str) -> dict | None:
+        try:
+            return self.kube.read(api_version, kind, ns, name)
+        except ApiException:
+            return None
+
+
+class _MissingVolume(Exception):
+    pass
+
+
+def _template_hash(deploy: dict | None) -> str | None:
+    tmpl = ((deploy or {}).get("spec") or {}).get("template") or {}
+    return ((tmpl.get("metadata") or {}).get("annotations") or {}).get(builders.CONFIG_HASH)
+
+
+def _api_message(e: ApiException, doing: str) -> str:
+    try:
+        detail = json.loads(e.body or "{}").get("message") or e.reason
+    except (ValueError, AttributeError):
+        detail = e.reason
+    return f"the API server refused {doing}: {e.status} {detail}; the operator retries on the next pass"

@@ -1,0 +1,110 @@
+"""The operator's pure decisions: what to write, when, and what status says. No API server needed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from pydantic import ValidationError
+
+from chunkpilot.api.types import InferenceDeploymentSpec, SchedulerStatus
+from chunkpilot.operator import builders
+from chunkpilot.operator.apply import APPLIED_HASH, is_subset, plan, with_hash
+from chunkpilot.operator.conditions import Problem, deployment_conditions, merge_conditions, status_patch
+from chunkpilot.operator.reconciler import spec_error_message
+
+from .test_crd_and_builders import SMOL, load
+
+
+def live_copy(desired: dict) -> dict:
+    """What the API server returns: our object plus defaults and bookkeeping."""
+    live = copy.deepcopy(with_hash(desired))
+    live["metadata"].update(uid="u", resourceVersion="7", creationTimestamp="2026-11-29T00:00:00Z")
+    if live["kind"] == "Deployment":
+        live["spec"]["template"]["spec"]["dnsPolicy"] = "ClusterFirst"
+        live["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = "IfNotPresent"
+        live["spec"]["revisionHistoryLimit"] = 10
+        live["status"] = {"replicas": 2}
+    return live
+
+
+def test_plan_is_a_no_op_on_server_defaults_and_applies_on_change_or_drift():
+    obj = load(SMOL)
+    for desired in builders.desired_objects(obj):
+        assert plan(desired, None) == "create"
+        assert plan(desired, live_copy(desired)) == "none", desired["kind"]
+    deploy = builders.deployment(obj)
+    drifted = live_copy(deploy)
+    drifted["spec"]["template"]["spec"]["containers"][0]["image"] = "hand-edited:1"
+    assert plan(deploy, drifted) == "apply"  # someone edited a field we own: put it back
+    changed = copy.deepcopy(deploy)
+    changed["spec"]["replicas"] = 5
+    assert plan(changed, live_copy(deploy)) == "apply"
+    assert with_hash(deploy)["metadata"]["annotations"][APPLIED_HASH] != \
+        with_hash(changed)["metadata"]["annotations"][APPLIED_HASH]
+
+
+def test_subset_matches_int_or_string_spellings_but_not_different_lists():
+    assert is_subset({"port": 8000, "cpu": "4"}, {"port": "8000", "cpu": "4", "extra": 1})
+    assert not is_subset({"args": ["a"]}, {"args": ["a", "b"]})
+    assert not is_subset({"enabled": True}, {"enabled": "True"})
+
+
+def test_knob_generation_moves_only_when_the_values_do():
+    obj = load(SMOL)
+    first = builders.effective_knobs(obj)
+    assert (first.token_budget, first.max_chunk, first.source, first.generation) == (128, 64, "spec", 1)
+    obj.status.scheduler = first
+    assert builders.effective_knobs(obj) == first  # unchanged spec: same generation, no ConfigMap write
+    obj.spec.scheduler.token_budget = 256
+    assert builders.effective_knobs(obj).generation == 2
+    obj.status.scheduler = SchedulerStatus(tokenBudget=96, maxChunk=32, source="tuner", generation=9)
+    assert builders.effective_knobs(obj).token_budget == 96  # auto mode: the tuner's knobs win
+    obj.spec.tuning.mode = "advisory"
+    assert builders.effective_knobs(obj).generation == 10  # back to the spec's, newer than the tuner's
+
+
+def test_conditions_follow_a_rollout():
+    gen = 3
+    assert [c["reason"] for c in deployment_conditions(None, 2, gen, None)] == ["NotCreated", "NotCreated",
+                                                                                 "AsExpected"]
+    rolling = {"metadata": {"generation": 4}, "status": {"observedGeneration": 4, "replicas": 3, "updatedReplicas": 1,
+                                                         "readyReplicas": 2}}
+    ready, prog, deg = deployment_conditions(rolling, 2, gen, None)
+    assert (ready["status"], prog["status"], prog["reason"], deg["status"]) == ("True", "True", "RollingOut", "False")
+    done = {"metadata": {"generation": 4}, "status": {"observedGeneration": 4, "replicas": 2, "updatedReplicas": 2,
+                                                      "readyReplicas": 2}}
+    assert [c["reason"] for c in deployment_conditions(done, 2, gen, None)] == ["AllReplicasReady", "RolloutComplete",
+                                                                                "AsExpected"]
+    quota = {**done, "status": {**done["status"], "conditions": [
+        {"type": "ReplicaFailure", "status": "True", "message": "exceeded quota: gpu"}]}}
+    assert deployment_conditions(quota, 2, gen, None)[2]["message"] == "exceeded quota: gpu"
+    bad = deployment_conditions(done, 2, gen, Problem("InvalidSpec", "spec.x: fix it"))
+    assert (bad[0]["status"], bad[2]["status"], bad[2]["reason"]) == ("True", "True", "InvalidSpec")
+
+
+def test_merge_keeps_the_tuners_conditions_and_transition_times():
+    old = [{"type": "Ready", "status": "False", "lastTransitionTime": "t0"},
+           {"type": "Tuning", "status": "True", "reason": "Exploring", "lastTransitionTime": "t0"}]
+    new = [{"type": "Ready", "status": "False", "reason": "ReplicasNotReady", "message": "0/1"},
+           {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": ""}]
+    merged = merge_conditions(old, new, "t1")
+    by = {c["type"]: c for c in merged}
+    assert by["Ready"]["lastTransitionTime"] == "t0"  # same status: the transition time stays
+    assert by["Degraded"]["lastTransitionTime"] == "t1"
+    assert by["Tuning"]["reason"] == "Exploring"
+    flipped = merge_conditions(merged, [{**new[0], "status": "True"}], "t2")
+    assert {c["type"]: c for c in flipped}["Ready"]["lastTransitionTime"] == "t2"
+
+
+def test_status_patch_is_none_when_nothing_changed():
+    kw = dict(deploy=None, desired_replicas=1, generation=1, selector="a=b", scheduler=None, problem=None, now="t")
+    first = status_patch({}, **kw)
+    assert first is not None and first["observedGeneration"] == 1
+    assert status_patch(first, **{**kw, "now": "later"}) is None
+
+
+def test_spec_errors_name_the_field_in_the_crd_spelling():
+    with pytest.raises(ValidationError) as err:
+        InferenceDeploymentSpec.model_validate({"model": {"source": "hostpath:///m"}, "engine": {"maxNumSeqs": 0}})
+    assert "spec.engine.maxNumSeqs" in spec_error_message(err.value) and "(got 0)" in spec_error_message(err.value)
