@@ -104,6 +104,17 @@ def test_tuner_knobs_in_status_reach_the_configmap_and_are_kept(cluster):
     assert wait_for(lambda: knobs(kube, "gamma") == {"token_budget": 128, "max_chunk": 64, "generation": 6}, 15)
 
 
+def test_scaling_to_one_replica_removes_the_pdb(cluster):
+    kube, op, api = cluster
+    create(api, sample("eta"))
+    assert wait_for(lambda: ready(kube, "eta"), 30)
+    patch(api, "eta", {"spec": {"replicas": 1}})
+    assert wait_for(lambda: kube.get("poddisruptionbudgets", "default", "eta") is None, 15)
+    assert kube.get("deployments", "default", "eta")["spec"]["replicas"] == 1
+    patch(api, "eta", {"spec": {"replicas": 3}})
+    assert wait_for(lambda: kube.get("poddisruptionbudgets", "default", "eta") is not None, 15)
+
+
 def test_image_change_rolls_the_deployment(cluster):
     kube, op, api = cluster
     create(api, sample("delta"))

@@ -99,6 +99,19 @@ class Kube:
         return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object(
             group, version, ns, CUSTOM[(av, kind)], name, body, **kw))
 
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        try:
+            if (api_version, kind) in TYPED:
+                t = TYPED[(api_version, kind)]
+                getattr(self._api(t.api), f"delete_namespaced_{t.suffix}")(name, namespace, _preload_content=False)
+            else:
+                group, version = api_version.split("/")
+                self._api("CustomObjectsApi").delete_namespaced_custom_object(
+                    group, version, namespace, CUSTOM[(api_version, kind)], name, _preload_content=False)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
     def patch_status(self, namespace: str, name: str, status: dict, resource_version: str | None = None) -> dict:
         """Merge-patch status. With `resource_version`, the server refuses (409) if the object changed since it
         was read, so a pass working from a stale copy cannot overwrite what the tuner wrote meanwhile."""

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 # (object, type Normal|Warning, reason, message) -> posts a Kubernetes Event about the InferenceDeployment.
 EventPoster = Callable[[dict, str, str, str], None]
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+# Children that come and go with the spec (the others always exist while the resource does).
+OPTIONAL_CHILDREN = [("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor")]
 
 
 @dataclass
@@ -141,15 +143,19 @@ class Reconciler:
     def _monitor_crd(self, obj: InferenceDeployment, raw: dict) -> bool:
         if not obj.spec.monitoring.service_monitor:
             return False
-        now = time.monotonic()
-        if self._crd_cache is None or now - self._crd_cache[0] > self._crd_cache_seconds:
-            self._crd_cache = (now, self.kube.crd_exists(SERVICE_MONITOR_CRD))
-        if not self._crd_cache[1] and obj.metadata["uid"] not in self._warned_monitor:
+        present = self._monitor_crd_present()
+        if not present and obj.metadata["uid"] not in self._warned_monitor:
             self._warned_monitor.add(obj.metadata["uid"])
             self.post_event(raw, "Warning",
                             "ServiceMonitorUnavailable", "spec.monitoring.serviceMonitor is true but the cluster has no "
                             "ServiceMonitor CRD (install the Prometheus Operator, or scrape the engine Service's "
                             "metrics port yourself)")
+        return present
+
+    def _monitor_crd_present(self) -> bool:
+        now = time.monotonic()
+        if self._crd_cache is None or now - self._crd_cache[0] > self._crd_cache_seconds:
+            self._crd_cache = (now, self.kube.crd_exists(SERVICE_MONITOR_CRD))
         return self._crd_cache[1]
 
     def _apply_all(self, raw: dict, desired: list[dict], out: Outcome) -> dict | None:
@@ -175,7 +181,23 @@ class Reconciler:
                 out.changes.append(f"{action} {describe(want)}")
             if want["kind"] == "Deployment":
                 deploy_live = live
+        self._prune(raw, desired, out)
         return deploy_live
+
+    def _prune(self, raw: dict, desired: list[dict], out: Outcome) -> None:
+        """Delete the optional children the spec no longer wants (PDB at replicas <= 1, ServiceMonitor switched
+        off), but only ours: same name and our owner reference with this resource's uid."""
+        meta = raw["metadata"]
+        ns, name, uid = meta.get("namespace", "default"), meta["name"], meta.get("uid")
+        wanted = {(d["apiVersion"], d["kind"]) for d in desired}
+        for api_version, kind in OPTIONAL_CHILDREN:
+            if (api_version, kind) in wanted or (kind == "ServiceMonitor" and not self._monitor_crd_present()):
+                continue
+            live = self.kube.read(api_version, kind, ns, name)
+            if live and any(r.get("uid") == uid for r in live["metadata"].get("ownerReferences") or []):
+                self.kube.delete(api_version, kind, ns, name)
+                out.changes.append(f"delete {kind} {name}")
+                self.post_event(raw, "Normal", "Deleted", f"deleted {kind} {name}: the spec no longer asks for it")
 
     def _post_update(self, raw: dict, want: dict, before: dict) -> None:
         if want["kind"] == "ConfigMap":
