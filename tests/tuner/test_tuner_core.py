@@ -1,0 +1,179 @@
+"""The tuner's loop and Optuna adapter against scripted windows: every online reality the issue lists."""
+
+from __future__ import annotations
+
+import pytest
+
+from chunkpilot.tuner.loop import MeasurementUnavailable, TunerLoop, TunerSettings
+from chunkpilot.tuner.measurement import (LatencyTarget, SLOTargets, Window, constraints, feasible, load_shift,
+                                          objective_value, wide_breach)
+from chunkpilot.tuner.space import Knobs, SearchSpace, log_grid
+from chunkpilot.tuner.study import TunerStudy
+
+SLO = SLOTargets(ttft=LatencyTarget(0.99, 2.0), itl=LatencyTarget(0.99, 0.1))
+SPACE = SearchSpace.from_bounds((32, 2048), (32, 2048), 16, points_per_octave=2)
+
+
+def window(knobs: Knobs, rate: float = 2.0, requests: int = 100, seconds: float = 60.0) -> Window:
+    """A made-up but plausible system: ITL grows with the budget, TTFT shrinks with it; best near 128."""
+    itl = 0.02 + knobs.token_budget / 2000
+    ttft = 0.5 + 64 / knobs.max_chunk
+    served = rate * (1.0 if itl <= 0.1 and ttft <= 2.0 else 0.5)
+    return Window(seconds=seconds, requests=requests, request_rate=rate, output_tokens_per_s=rate * 40,
+                  goodput=served, ttft=ttft, itl=itl, mean_prompt_tokens=500, mean_output_tokens=40)
+
+
+class Fake:
+    """Actuator + measurer + publisher in one: the scripted system."""
+
+    def __init__(self, start=Knobs(2048, 2048), *, fail=False, rate=2.0, requests=100, lag=0) -> None:
+        self.knobs, self.generation, self.reported = start, 0, 0
+        self.fail, self.rate, self.requests, self.lag = fail, rate, requests, lag
+        self.applied_log: list[Knobs] = []
+        self.waited = 0.0
+        self.states = []
+
+    def apply(self, knobs):
+        self.knobs = knobs
+        self.generation += 1
+        self.applied_log.append(knobs)
+        return self.generation
+
+    def applied(self, generation):
+        return self.lag >= 0 and self.generation >= generation and self.lag == 0
+
+    def current(self):
+        return self.knobs
+
+    def check(self):
+        if self.fail:
+            raise MeasurementUnavailable("Prometheus at http://127.0.0.1:1 unreachable")
+
+    def wait(self, seconds):
+        self.waited += seconds
+
+    def measure(self, seconds):
+        if self.fail:
+            raise MeasurementUnavailable("Prometheus at http://127.0.0.1:1 unreachable")
+        return window(self.knobs, self.rate, self.requests, seconds)
+
+    def publish(self, state):
+        self.states.append((state.phase, state.healthy, state.reason))
+
+
+def make(fake, storage=":memory:", **kw):
+    settings = TunerSettings(**{"window": 60, "warmup": 5, "max_trials": 8, "min_requests": 20, **kw})
+    study = TunerStudy(storage, "ns/demo", SPACE, SLO, settings.objective, seed=1)
+    return TunerLoop(settings, SPACE, study, fake, fake, fake, SLO), study
+
+
+def test_grid_is_log_spaced_step_multiples_inside_the_bounds():
+    grid = log_grid(48, 4000, 16)
+    assert grid[0] == 48 and grid[-1] == 4000 and all(v % 16 == 0 for v in grid[1:-1])
+    ratios = [b / a for a, b in zip(grid, grid[1:])]
+    assert max(ratios) < 1.35 and min(ratios) > 1.0  # 2^(1/4) apart, but for rounding to the step
+    assert all(k.max_chunk <= k.token_budget for k in SPACE.all_knobs())
+    assert SPACE.clamp(Knobs(10_000, 5)) == Knobs(2048, 32)
+
+
+def test_window_judgements():
+    ok = window(Knobs(128, 128))
+    assert feasible(ok, SLO) and constraints(ok, SLO) == pytest.approx([1.0 / 2 - 1, 0.084 / 0.1 - 1])
+    bad = window(Knobs(2048, 2048))
+    assert not feasible(bad, SLO) and wide_breach(bad, SLO, 2.0)
+    assert objective_value(ok, "goodput") == pytest.approx(1.0)  # per offered request
+    assert objective_value(ok, "throughput") == ok.output_tokens_per_s
+    assert load_shift((2.0, 500, 40), (3.0, 500, 40)) == pytest.approx(0.5)
+    no_data = Window(60, 0, 0.0, 0.0, 0.0)
+    assert not feasible(no_data, SLO)
+
+
+def test_it_finds_the_feasible_region_and_then_holds_it():
+    fake = Fake()
+    loop, study = make(fake)
+    outcomes = [loop.iterate() for _ in range(12)]
+    assert "exploit" in outcomes and loop.state.phase == "Exploiting"
+    best = study.best()
+    assert best.feasible and feasible(window(best.knobs), SLO)
+    assert fake.knobs == best.knobs  # exploiting holds the best knobs
+    assert all(SPACE.clamp(k) == k for k in fake.applied_log)  # never left the bounds
+
+
+def test_wide_breach_cuts_the_trial_and_restores_the_best_at_once():
+    fake = Fake(start=Knobs(128, 128))
+    loop, study = make(fake)
+    study.enqueue(Knobs(128, 128), "seed")
+    loop.iterate()  # the good knobs: becomes the best
+    study.enqueue(Knobs(2048, 2048), "bad")
+    assert loop.iterate() == "cut"
+    assert fake.applied_log[-2:] == [Knobs(2048, 2048), Knobs(128, 128)]
+    assert study.completed()[-1].user_attrs["cut_short"] is True
+
+
+def test_a_thin_window_is_not_a_trial():
+    fake = Fake(requests=5)
+    loop, study = make(fake)
+    assert loop.iterate() == "thin"
+    assert study.completed() == [] and study.study.trials[-1].state.name == "FAIL"
+
+
+def test_prometheus_down_holds_the_knobs_and_backs_off_without_recording():
+    fake = Fake(fail=True, start=Knobs(256, 128))
+    loop, study = make(fake)
+    waits = []
+    for _ in range(3):
+        before = fake.waited
+        assert loop.iterate() == "hold"
+        waits.append(fake.waited - before)
+    assert loop.state.phase == "Holding" and not loop.state.healthy
+    assert "unreachable" in loop.state.reason
+    assert study.completed() == [] and study.study.trials == []  # no trial from missing data
+    assert fake.applied_log == [] and fake.knobs == Knobs(256, 128)  # the knobs stay
+    assert waits == [2.0, 4.0, 8.0]  # exponential backoff
+    fake.fail = False
+    loop.iterate()
+    assert loop.state.healthy
+
+
+def test_pods_that_never_report_the_generation_fail_the_trial():
+    fake = Fake(lag=1)
+    loop, study = make(fake, apply_timeout=3, poll=1)
+    assert loop.iterate() == "timeout"
+    assert study.completed() == [] and "did not report" in loop.state.reason
+
+
+def test_load_shift_after_exploring_opens_a_new_epoch_seeded_with_the_incumbent():
+    fake = Fake()
+    loop, study = make(fake, max_trials=6)
+    while loop.state.phase != "Exploiting":
+        loop.iterate()
+    incumbent = study.best().knobs
+    fake.rate = 5.0  # 2.5x the load the best knobs were measured under
+    assert loop.iterate() == "reopen"
+    assert study.epoch == 1 and loop.iterate() == "trial"
+    assert fake.knobs == incumbent  # the new epoch starts by re-measuring the incumbent
+    assert study.completed()[0].user_attrs["kind"] == "incumbent"
+
+
+def test_advisory_mode_changes_nothing_and_recommends():
+    fake = Fake(start=Knobs(128, 64))
+    loop, study = make(fake, mode="advisory")
+    for _ in range(3):
+        assert loop.iterate() == "advise"
+    assert fake.applied_log == [] and loop.state.phase == "Advisory"
+    assert loop.state.recommendation == Knobs(128, 64)
+
+
+def test_restart_resumes_the_study_and_closes_the_interrupted_trial(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    fake = Fake()
+    loop, study = make(fake, storage=url)
+    for _ in range(4):
+        loop.iterate()
+    done = len(study.completed())
+    study.ask()  # the tuner dies mid-window: a RUNNING trial is left behind
+    loop2, study2 = make(fake, storage=url)
+    assert study2.closed_stale == 1 and len(study2.completed()) == done  # nothing lost, nothing counted twice
+    assert "interrupted" in loop2.state.reason
+    loop2.iterate()
+    assert len(study2.completed()) == done + 1 and study2.study.trials[-2].state.name == "FAIL"

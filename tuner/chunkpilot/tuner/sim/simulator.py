@@ -1,0 +1,157 @@
+"""The engine on a virtual clock: the real Scheduler and BlockManager, a fitted step-time cost model instead of
+the model, the load generator's workloads as arrivals, the load generator's records and statistics as output.
+
+Because the scheduler is the real one, the simulator makes the same decisions the engine makes for a knob
+setting (which decodes run, how prompts are chunked, when KV runs out and who is preempted); only the step time is
+predicted. A knob change lands at the next step boundary, as in the engine."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from chunkpilot.engine.block_manager import BlockManager
+from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.sampling_params import SamplingParams
+from chunkpilot.engine.scheduler import RunnerOutput, Scheduler, SchedulerConfig
+from chunkpilot.engine.sequence import Sequence
+from chunkpilot.loadgen.stats import SLO, RequestRecord
+from chunkpilot.loadgen.workloads import RequestSpec
+from chunkpilot.tuner.measurement import SLOTargets, Window
+from chunkpilot.tuner.sim.costmodel import CostModel, step_features
+from chunkpilot.tuner.space import Knobs
+
+
+class Simulator:
+    def __init__(self, cost: CostModel, requests: list[RequestSpec], knobs: Knobs, *, block_size: int = 16,
+                 num_blocks: int = 8192, max_num_seqs: int = 64, max_model_len: int = 16384) -> None:
+        self.cost = cost
+        self.holder = KnobHolder(SchedulerKnobs(knobs.token_budget, knobs.max_chunk, 0), min_token_budget=1)
+        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len),
+                                   BlockManager(num_blocks, block_size, enable_prefix_caching=False), self.holder)
+        self.now = 0.0
+        self.pending = deque(sorted(requests, key=lambda r: r.arrival))
+        self.records: list[RequestRecord] = []
+        self.arrivals: list[tuple[float, int, int]] = []  # (time, prompt tokens, max tokens)
+        self._live: dict[str, RequestRecord] = {}
+        self._ids = 0
+        self.steps = 0
+
+    # -- knobs --------------------------------------------------------------------------------------------
+    @property
+    def knobs(self) -> Knobs:
+        k = self.holder.get()
+        return Knobs(k.token_budget, k.max_chunk)
+
+    @property
+    def generation(self) -> int:
+        return self.holder.get().generation
+
+    def set_knobs(self, knobs: Knobs) -> int:
+        gen = self.generation + 1
+        self.holder.set(SchedulerKnobs(knobs.token_budget, knobs.max_chunk, gen))
+        return gen
+
+    # -- time ---------------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self.pending and self.pending[0].arrival <= self.now:
+            spec = self.pending.popleft()
+            prompt = spec.prompt if isinstance(spec.prompt, list) else [1] * max(1, spec.prompt_tokens)
+            self._ids += 1
+            rid = f"sim-{self._ids}"
+            seq = Sequence(rid, list(prompt), SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
+                                                             ignore_eos=True))
+            self.scheduler.add(seq)
+            rec = RequestRecord(kind=spec.kind, prompt_tokens=len(prompt), start=spec.arrival)
+            self._live[rid] = rec
+            self.records.append(rec)
+            self.arrivals.append((spec.arrival, len(prompt), spec.max_tokens))
+
+    def advance(self, until: float) -> None:
+        """Run steps until the virtual clock reaches `until` (a step in flight then may end a little after)."""
+        while self.now < until:
+            self._admit()
+            if not self.scheduler.has_work:
+                self.now = min(until, self.pending[0].arrival) if self.pending else until
+                continue
+            out = self.scheduler.schedule()
+            if out.is_empty:  # everything waits for KV blocks that only arrivals cannot free: let time pass
+                self.now = min(until, self.pending[0].arrival) if self.pending else until
+                continue
+            decodes = set(id(c) for c in out.chunks[: out.num_decodes])
+            feats = step_features([(c.start, c.num_tokens, id(c) in decodes) for c in out.chunks])
+            self.now += self.cost.step_time(feats)
+            self.steps += 1
+            sampled = {c.seq.request_id: 1000 + (c.start % 1000) for c in out.chunks if c.samples}
+            for seq in self.scheduler.update(out, RunnerOutput(sampled=sampled)):
+                rec = self._live.get(seq.request_id)
+                if rec is None:
+                    continue
+                if rec.first_token is None:
+                    rec.first_token = self.now
+                rec.token_times.append(self.now)
+                rec.output_tokens += 1
+                if seq.is_finished:
+                    rec.end = self.now
+                    del self._live[seq.request_id]
+
+    def run(self, until: float | None = None) -> list[RequestRecord]:
+        """Run to `until`, or until every request has finished."""
+        if until is not None:
+            self.advance(until)
+        else:
+            while self.pending or self.scheduler.has_work:
+                self.advance(self.now + 60.0)
+        return self.records
+
+    # -- measurement ----------------------------------------------------------------------------------------
+    def window(self, seconds: float, slo: SLOTargets) -> Window:
+        """The window of `seconds` ending now, measured the way Prometheus sees it: TTFT of first tokens and
+        every token gap inside the window, requests that finished inside it."""
+        t1, t0 = self.now, self.now - seconds
+        done = [r for r in self.records if r.end is not None and t0 < r.end <= t1]
+        ttfts = [r.ttft for r in self.records if r.first_token is not None and t0 < r.first_token <= t1]
+        gaps = [b - a for r in self.records for a, b in zip(r.token_times, r.token_times[1:]) if t0 < b <= t1]
+        tokens = sum(1 for r in self.records for t in r.token_times if t0 < t <= t1)
+        arrived = [(p, o) for t, p, o in self.arrivals if t0 < t <= t1]
+        met = SLO(ttft=slo.ttft.threshold if slo.ttft else None, itl=slo.itl.threshold if slo.itl else None,
+                  itl_percentile=slo.itl.percentile * 100 if slo.itl else 99.0)
+        q_ttft = slo.ttft.percentile if slo.ttft else 0.99
+        q_itl = slo.itl.percentile if slo.itl else 0.99
+        return Window(
+            seconds=seconds, requests=len(done), request_rate=len(arrived) / seconds,
+            output_tokens_per_s=tokens / seconds, goodput=sum(1 for r in done if met.met_by(r)) / seconds,
+            ttft=float(np.quantile(ttfts, q_ttft)) if ttfts else None,
+            itl=float(np.quantile(gaps, q_itl)) if gaps else None,
+            mean_prompt_tokens=float(np.mean([p for p, _ in arrived])) if arrived else 0.0,
+            mean_output_tokens=float(np.mean([o for _, o in arrived])) if arrived else 0.0,
+        )
+
+
+class SimMeasurer:
+    def __init__(self, sim: Simulator, slo: SLOTargets) -> None:
+        self.sim, self.slo = sim, slo
+
+    def check(self) -> None:
+        pass
+
+    def wait(self, seconds: float) -> None:
+        self.sim.advance(self.sim.now + seconds)
+
+    def measure(self, seconds: float) -> Window:
+        return self.sim.window(seconds, self.slo)
+
+
+class SimActuator:
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+
+    def apply(self, knobs: Knobs) -> int:
+        return self.sim.set_knobs(knobs)
+
+    def applied(self, generation: int) -> bool:
+        return self.sim.generation >= generation
+
+    def current(self) -> Knobs:
+        return self.sim.knobs

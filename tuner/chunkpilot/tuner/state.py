@@ -1,0 +1,93 @@
+"""What the tuner tells the world after every step: turned into `status.tuning`, `status.slo` and the Tuning and
+SLOMet conditions (cluster), a line of log and a JSON file (local), and the tuner's own metrics."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+
+from chunkpilot.tuner.measurement import SLOTargets, Window, feasible
+from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.study import Measured
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class TunerState:
+    mode: str
+    phase: str = "Exploring"  # Exploring | Exploiting | Holding | Advisory
+    trial: int = 0  # completed trials, all epochs
+    epoch: int = 0
+    current: Knobs | None = None
+    current_window: Window | None = None
+    best: Measured | None = None
+    recommendation: Knobs | None = None
+    last_change: str | None = None
+    reason: str = ""
+    healthy: bool = True  # False while measurements fail (Tuning=False)
+    history: list[dict] = field(default_factory=list)  # every trial, for the local report
+
+
+def _measurement(knobs: Knobs, window: Window | dict | None, objective: float | None,
+                 is_feasible: bool | None) -> dict:
+    w = window.to_dict() if isinstance(window, Window) else (window or {})
+    out = {"tokenBudget": knobs.token_budget, "maxChunk": knobs.max_chunk}
+    for key, value in (("objective", objective), ("ttftSeconds", w.get("ttft")), ("itlSeconds", w.get("itl")),
+                       ("feasible", is_feasible)):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def status_tuning(state: TunerState, slo: SLOTargets, objective: str) -> dict:
+    from chunkpilot.tuner.measurement import objective_value
+
+    out: dict = {"mode": state.mode, "phase": state.phase, "trial": state.trial, "reason": state.reason[:1024]}
+    if state.current is not None:
+        w = state.current_window
+        out["current"] = _measurement(state.current, w, objective_value(w, objective) if w else None,
+                                      feasible(w, slo) if w else None)
+    if state.best is not None:
+        out["best"] = _measurement(state.best.knobs, state.best.window, state.best.objective, state.best.feasible)
+    if state.recommendation is not None:
+        out["recommendation"] = _measurement(state.recommendation, None, None, None)
+    if state.last_change:
+        out["lastChange"] = state.last_change
+    return out
+
+
+def status_slo(window: Window | None, slo: SLOTargets) -> dict | None:
+    if window is None:
+        return None
+    out: dict = {"windowSeconds": int(window.seconds)}
+    if window.ttft is not None:
+        out["ttftSeconds"] = window.ttft
+    if window.itl is not None:
+        out["itlSeconds"] = window.itl
+    if window.request_rate > 0 and window.requests > 0:
+        # goodput over completed requests per second = the share of requests within every SLO
+        completed_rate = window.requests / window.seconds
+        out["attainment"] = max(0.0, min(1.0, window.goodput / completed_rate))
+    return out
+
+
+def conditions(state: TunerState, slo: SLOTargets) -> list[dict]:
+    tuning = {"type": "Tuning", "status": "True" if state.healthy and state.mode != "off" else "False",
+              "reason": state.phase if state.healthy else "MeasurementsUnavailable",
+              "message": state.reason[:1024]}
+    w = state.current_window
+    if w is None:
+        met = {"type": "SLOMet", "status": "Unknown", "reason": "NotMeasured", "message": "no window measured yet"}
+    else:
+        ok = feasible(w, slo)
+        parts = []
+        if slo.ttft is not None and w.ttft is not None:
+            parts.append(f"TTFT p{slo.ttft.percentile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
+        if slo.itl is not None and w.itl is not None:
+            parts.append(f"ITL p{slo.itl.percentile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
+        met = {"type": "SLOMet", "status": "True" if ok else "False", "reason": "WithinSLO" if ok else "SLOBreached",
+               "message": ", ".join(parts) or "no latency measured"}
+    return [tuning, met]

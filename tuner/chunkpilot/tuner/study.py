@@ -1,0 +1,170 @@
+"""The one adapter between the tuner and Optuna (pinned range in pyproject): storage, sampler, ask/tell with
+constraints, epochs, resume.
+
+* One study per deployment *and epoch*: an epoch starts when the load moved so far that older trials no longer
+  describe the system (see loop.py); the new epoch's first trial is the incumbent. Study names are
+  `<deployment>#e<epoch>`; the latest epoch is the one resumed.
+* Constraints are stored per trial as the user attribute `constraints` (Optuna's convention: <= 0 is satisfied),
+  so TPE's constrained mode works from the storage alone, also after a restart.
+* A trial still RUNNING when the study is opened was interrupted (the tuner died mid-window): it is closed as
+  FAIL, so it is neither lost silently nor counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from chunkpilot.tuner.measurement import SLOTargets, Window, constraints, objective_value
+from chunkpilot.tuner.space import Knobs, SearchSpace
+
+log = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+# Constrained TPE is marked experimental in some releases; we pin the range and test it.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+# Optuna 5 stores constraints per trial (`Trial.set_constraint`) and deprecates the sampler's constraints_func;
+# Optuna 4 has only constraints_func. Both read what `record_constraints` writes.
+_HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def _constraints_of(trial: FrozenTrial) -> list[float]:
+    return list(trial.user_attrs.get("constraints", [1.0]))
+
+
+def record_constraints(trial: optuna.Trial, values: list[float]) -> None:
+    trial.set_user_attr("constraints", values)
+    if _HAS_SET_CONSTRAINT:
+        for i, v in enumerate(values):
+            trial.set_constraint(f"slo{i}", v)
+
+
+def make_sampler(seed: int | None, startup_trials: int) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials, multivariate=True,
+                                      constraints_func=None if _HAS_SET_CONSTRAINT else _constraints_of)
+
+
+def make_storage(url: str) -> optuna.storages.BaseStorage:
+    if url == ":memory:":
+        return optuna.storages.InMemoryStorage()
+    return optuna.storages.RDBStorage(url)
+
+
+@dataclass(frozen=True)
+class Measured:
+    knobs: Knobs
+    objective: float
+    feasible: bool
+    window: dict
+    count: int = 1  # measurements averaged (the incumbent is re-measured)
+    violation: float = 0.0  # largest mean constraint (<= 0: every SLO met)
+
+
+class TunerStudy:
+    def __init__(self, storage_url: str, deployment: str, space: SearchSpace, slo: SLOTargets, objective: str,
+                 *, seed: int | None = None, startup_trials: int = 5) -> None:
+        self.storage = make_storage(storage_url)
+        self.deployment = deployment
+        self.space = space
+        self.slo = slo
+        self.objective = objective
+        self.seed = seed
+        self.startup_trials = startup_trials
+        self.epoch = self._latest_epoch()
+        self.study = self._open(self.epoch)
+        self.closed_stale = self._close_stale()
+
+    # -- epochs ---------------------------------------------------------------------------------------------
+    def _name(self, epoch: int) -> str:
+        return f"{self.deployment}#e{epoch}"
+
+    def _latest_epoch(self) -> int:
+        prefix = f"{self.deployment}#e"
+        epochs = [int(s.study_name[len(prefix):]) for s in optuna.get_all_study_summaries(self.storage)
+                  if s.study_name.startswith(prefix) and s.study_name[len(prefix):].isdigit()]
+        return max(epochs, default=0)
+
+    def _open(self, epoch: int) -> optuna.Study:
+        seed = None if self.seed is None else self.seed + epoch
+        return optuna.create_study(study_name=self._name(epoch), storage=self.storage, direction="maximize",
+                                   sampler=make_sampler(seed, self.startup_trials), load_if_exists=True)
+
+    def new_epoch(self, seed_knobs: list[Knobs]) -> None:
+        self.epoch += 1
+        self.study = self._open(self.epoch)
+        for k in seed_knobs:
+            self.enqueue(k, "incumbent")
+
+    def _close_stale(self) -> int:
+        stale = [t for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+        for t in stale:
+            self.study.tell(t.number, state=TrialState.FAIL)
+            log.warning("closed trial %d of %s left running by an earlier tuner", t.number, self.study.study_name)
+        return len(stale)
+
+    # -- ask / tell -----------------------------------------------------------------------------------------
+    def enqueue(self, knobs: Knobs, kind: str) -> None:
+        bi, ci = self.space.indices(knobs)
+        self.study.enqueue_trial({"budget_index": bi, "chunk_index": ci}, user_attrs={"kind": kind},
+                                 skip_if_exists=False)
+
+    def ask(self) -> tuple[optuna.Trial, Knobs]:
+        trial = self.study.ask()
+        knobs = self.space.knobs(trial.suggest_int("budget_index", 0, len(self.space.budgets) - 1),
+                                 trial.suggest_int("chunk_index", 0, len(self.space.chunks) - 1))
+        trial.set_user_attr("token_budget", knobs.token_budget)
+        trial.set_user_attr("max_chunk", knobs.max_chunk)
+        return trial, knobs
+
+    def tell(self, trial: optuna.Trial, window: Window, *, cut_short: bool = False) -> float:
+        value = objective_value(window, self.objective)
+        record_constraints(trial, constraints(window, self.slo))
+        trial.set_user_attr("window", window.to_dict())
+        trial.set_user_attr("cut_short", cut_short)
+        self.study.tell(trial, value)
+        return value
+
+    def fail(self, trial: optuna.Trial, reason: str) -> None:
+        trial.set_user_attr("failed", reason)
+        self.study.tell(trial, state=TrialState.FAIL)
+
+    # -- what is known --------------------------------------------------------------------------------------
+    def completed(self) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+    def explored(self) -> int:
+        """Completed trials of this epoch that explored (re-measurements of the incumbent do not count)."""
+        return sum(1 for t in self.completed() if t.user_attrs.get("kind") != "incumbent")
+
+    def total_completed(self) -> int:
+        return sum(len(optuna.load_study(study_name=s.study_name, storage=self.storage).get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)))
+            for s in optuna.get_all_study_summaries(self.storage) if s.study_name.startswith(f"{self.deployment}#e"))
+
+    def measured(self) -> list[Measured]:
+        """Completed trials grouped by knobs: mean objective, feasible when the mean constraints are. Averaging
+        the incumbent's repeated windows is what makes comparisons fair when the load drifts a little."""
+        groups: dict[Knobs, list[FrozenTrial]] = {}
+        for t in self.completed():
+            k = Knobs(t.user_attrs["token_budget"], t.user_attrs["max_chunk"])
+            groups.setdefault(k, []).append(t)
+        out = []
+        for k, ts in groups.items():
+            n = len(ts)
+            cons = [sum(c) / n for c in zip(*[_constraints_of(t) for t in ts])]
+            out.append(Measured(k, sum(t.value for t in ts) / n, all(c <= 0 for c in cons),
+                                ts[-1].user_attrs.get("window", {}), n, max(cons, default=0.0)))
+        return out
+
+    def best(self) -> Measured | None:
+        """The best feasible knobs; when none met the SLOs yet, the least violating (the best we can do)."""
+        measured = self.measured()
+        feasible = [m for m in measured if m.feasible]
+        if feasible:
+            return max(feasible, key=lambda m: (m.objective, -m.knobs.token_budget))
+        return min(measured, key=lambda m: (m.violation, -m.objective)) if measured else None
