@@ -8,3 +8,8 @@ for b in chunk_overhead roofline stall vs_transformers; do
     echo "== $b"
     "$PY" "bench/$b.py" "$@"
 done
+# The tuner's benchmarks (simulator; the accuracy check also starts a real server). No device arguments.
+for b in sim_accuracy tuner_vs_grid; do
+    echo "== $b"
+    "$PY" "bench/$b.py"
+done

@@ -33,6 +33,7 @@ def test_wheel_holds_every_part_and_no_namespace_init(wheel):
     assert "chunkpilot/cli/main.py" in names
     assert "chunkpilot/loadgen/runner.py" in names
     assert "chunkpilot/api/types.py" in names and "chunkpilot/operator/builders.py" in names
+    assert "chunkpilot/tuner/loop.py" in names and "chunkpilot/tuner/sim/cost_smollm2_cpu.json" in names
     assert "chunkpilot/__init__.py" not in names  # PEP 420 namespace
 
 
@@ -40,10 +41,10 @@ def test_wheel_imports_without_the_source_tree(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(tmp_path)
     code = (
         "import sys; sys.path[:] = [p for p in sys.path if p not in %r]; sys.path.insert(0, %r);"
-        "import chunkpilot.engine, chunkpilot.cli.main, chunkpilot.loadgen, chunkpilot.api, chunkpilot.operator.handlers;"
+        "import chunkpilot.engine, chunkpilot.cli.main, chunkpilot.loadgen, chunkpilot.api, chunkpilot.operator.handlers, chunkpilot.tuner.daemon;"
         "assert chunkpilot.engine.__file__.startswith(%r), chunkpilot.engine.__file__;"
         "from chunkpilot.engine import LLM, SamplingParams; print('ok')"
-    ) % ([str(ROOT / d) for d in ("engine_image", "cli", "loadgen", "operator")] + ["", str(ROOT)], str(tmp_path),
+    ) % ([str(ROOT / d) for d in ("engine_image", "cli", "loadgen", "operator", "tuner")] + ["", str(ROOT)], str(tmp_path),
          str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -59,7 +60,7 @@ def test_editable_install_imports_from_the_repo():
 def test_cli_help_lists_subcommands():
     res = CliRunner().invoke(app, ["--help"])
     assert res.exit_code == 0
-    for command in ("engine", "model", "operator", "bench", "crds"):
+    for command in ("engine", "model", "operator", "tuner", "bench", "crds"):
         assert command in res.output
 
 

@@ -78,7 +78,7 @@ def test_grid_is_log_spaced_step_multiples_inside_the_bounds():
 
 def test_window_judgements():
     ok = window(Knobs(128, 128))
-    assert feasible(ok, SLO) and constraints(ok, SLO) == pytest.approx([1.0 / 2 - 1, 0.084 / 0.1 - 1])
+    assert feasible(ok, SLO) and constraints(ok, SLO) == pytest.approx([1.0 / 2 - 1, 0.084 / 0.1 - 1, -0.1])  # + keeping up
     bad = window(Knobs(2048, 2048))
     assert not feasible(bad, SLO) and wide_breach(bad, SLO, 2.0)
     assert objective_value(ok, "goodput") == pytest.approx(1.0)  # per offered request
@@ -86,6 +86,8 @@ def test_window_judgements():
     assert load_shift((2.0, 500, 40), (3.0, 500, 40)) == pytest.approx(0.5)
     no_data = Window(60, 0, 0.0, 0.0, 0.0)
     assert not feasible(no_data, SLO)
+    falling_behind = Window(**{**ok.to_dict(), "backlog_growth": 0.5})  # a quarter of the arrivals queue up
+    assert not feasible(falling_behind, SLO)
 
 
 def test_it_finds_the_feasible_region_and_then_holds_it():

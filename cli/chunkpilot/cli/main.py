@@ -1,10 +1,10 @@
-"""`chunkpilot` — one command for every part: engine, model, operator, (later) tuner, bench, crds, demo."""
+"""`chunkpilot` — one command for every part: engine, model, operator, tuner, bench, crds, demo."""
 
 from __future__ import annotations
 
 import typer
 
-from chunkpilot.cli import bench, crds, engine, model, operator
+from chunkpilot.cli import bench, crds, engine, model, operator, tuner
 
 app = typer.Typer(
     help="chunkpilot: LLM inference on Kubernetes that keeps its latency SLOs by tuning chunked prefill online.",
@@ -14,6 +14,7 @@ app = typer.Typer(
 app.add_typer(engine.app, name="engine")
 app.add_typer(model.app, name="model")
 app.add_typer(operator.app, name="operator")
+app.add_typer(tuner.app, name="tuner")
 app.add_typer(bench.app, name="bench")
 app.add_typer(crds.app, name="crds")
 

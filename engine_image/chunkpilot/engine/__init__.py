@@ -1,18 +1,25 @@
-"""chunkpilot's serving engine: paged KV cache, stall-free chunked prefill, knobs that change while it runs."""
+"""chunkpilot's serving engine: paged KV cache, stall-free chunked prefill, knobs that change while it runs.
 
-from chunkpilot.engine.config import EngineConfig
-from chunkpilot.engine.knobs import SchedulerKnobs
-from chunkpilot.engine.llm import LLM
-from chunkpilot.engine.llm_engine import LLMEngine
-from chunkpilot.engine.outputs import CompletionOutput, RequestOutput
-from chunkpilot.engine.sampling_params import SamplingParams
+The public names load lazily (PEP 562), so the torch-free parts (metrics names, knobs, scheduler, block manager)
+can be imported by the tuner and its simulator without pulling in torch."""
 
-__all__ = [
-    "LLM",
-    "LLMEngine",
-    "EngineConfig",
-    "SamplingParams",
-    "SchedulerKnobs",
-    "CompletionOutput",
-    "RequestOutput",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "LLM": "chunkpilot.engine.llm",
+    "LLMEngine": "chunkpilot.engine.llm_engine",
+    "EngineConfig": "chunkpilot.engine.config",
+    "SamplingParams": "chunkpilot.engine.sampling_params",
+    "SchedulerKnobs": "chunkpilot.engine.knobs",
+    "CompletionOutput": "chunkpilot.engine.outputs",
+    "RequestOutput": "chunkpilot.engine.outputs",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'chunkpilot.engine' has no attribute {name!r}")

@@ -233,6 +233,7 @@ class TunerLoop:
     def _record(self, knobs: Knobs, window: Window, kind: str) -> None:
         self.state.current = knobs
         self.state.current_window = window
+        self.state.recorded += 1
         del self.state.history[:-999]  # the local report needs the recent past, not an unbounded list
         self.state.history.append({"epoch": self.study.epoch, "kind": kind, "token_budget": knobs.token_budget,
                                    "max_chunk": knobs.max_chunk, "feasible": feasible(window, self.slo),

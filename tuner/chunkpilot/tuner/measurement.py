@@ -33,6 +33,7 @@ class Window:
     itl: float | None = None
     mean_prompt_tokens: float = 0.0
     mean_output_tokens: float = 0.0
+    backlog_growth: float = 0.0  # requests/s by which the requests in the system (waiting + running) grew
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,14 +51,22 @@ def objective_value(w: Window, objective: str) -> float:
     raise ValueError(f"unknown objective {objective!r}; use goodput or throughput")
 
 
+# The implicit SLO: knobs that cannot keep up with the load look fine in a short window (the queue is still
+# filling) and fail everything minutes later. A queue that grew by more than this share of the window's arrivals
+# counts as a violation.
+MAX_BACKLOG_SHARE = 0.1
+
+
 def constraints(w: Window, slo: SLOTargets) -> list[float]:
     """Optuna's convention: each value <= 0 means satisfied. Relative excess over the threshold, so TTFT and
-    ITL weigh alike; a missing percentile (no data) counts as violated."""
+    ITL weigh alike; a missing percentile (no data) counts as violated; last, the keeping-up constraint."""
     out = []
     for target, measured in ((slo.ttft, w.ttft), (slo.itl, w.itl)):
         if target is None:
             continue
         out.append(1.0 if measured is None or math.isnan(measured) else measured / target.threshold - 1.0)
+    if w.request_rate > 0:
+        out.append(w.backlog_growth / w.request_rate - MAX_BACKLOG_SHARE)
     return out
 
 

@@ -28,7 +28,8 @@ class TunerState:
     last_change: str | None = None
     reason: str = ""
     healthy: bool = True  # False while measurements fail (Tuning=False)
-    history: list[dict] = field(default_factory=list)  # every trial, for the local report
+    history: list[dict] = field(default_factory=list)  # recent windows, for the local report
+    recorded: int = 0  # windows recorded since start (history keeps only the last 1000)
 
 
 def _measurement(knobs: Knobs, window: Window | dict | None, objective: float | None,

@@ -30,6 +30,7 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 
 # Optuna 5 stores constraints per trial (`Trial.set_constraint`) and deprecates the sampler's constraints_func;
 # Optuna 4 has only constraints_func. Both read what `record_constraints` writes.
+SHRINK = 1.0  # pseudo-windows of the median added to every setting's mean
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 
 
@@ -153,12 +154,18 @@ class TunerStudy:
         for t in self.completed():
             k = Knobs(t.user_attrs["token_budget"], t.user_attrs["max_chunk"])
             groups.setdefault(k, []).append(t)
+        # One lucky window must not make a winner: each setting's mean is shrunk towards the median of all
+        # windows by one pseudo-window (empirical Bayes), so knobs measured again and again keep their mean and
+        # knobs seen once count half.
+        values = sorted(t.value for t in self.completed())
+        prior = values[len(values) // 2] if values else 0.0
         out = []
         for k, ts in groups.items():
             n = len(ts)
             cons = [sum(c) / n for c in zip(*[_constraints_of(t) for t in ts])]
-            out.append(Measured(k, sum(t.value for t in ts) / n, all(c <= 0 for c in cons),
-                                ts[-1].user_attrs.get("window", {}), n, max(cons, default=0.0)))
+            score = (sum(t.value for t in ts) + SHRINK * prior) / (n + SHRINK)
+            out.append(Measured(k, score, all(c <= 0 for c in cons), ts[-1].user_attrs.get("window", {}), n,
+                                max(cons, default=0.0)))
         return out
 
     def best(self) -> Measured | None:

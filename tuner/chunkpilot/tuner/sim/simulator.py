@@ -115,6 +115,10 @@ class Simulator:
         gaps = [b - a for r in self.records for a, b in zip(r.token_times, r.token_times[1:]) if t0 < b <= t1]
         tokens = sum(1 for r in self.records for t in r.token_times if t0 < t <= t1)
         arrived = [(p, o) for t, p, o in self.arrivals if t0 < t <= t1]
+        # requests in the system at t = arrived by t - finished by t
+        in_system = [sum(1 for t, _, _ in self.arrivals if t <= at) - sum(1 for r in self.records
+                                                                          if r.end is not None and r.end <= at)
+                     for at in (t0, t1)]
         met = SLO(ttft=slo.ttft.threshold if slo.ttft else None, itl=slo.itl.threshold if slo.itl else None,
                   itl_percentile=slo.itl.percentile * 100 if slo.itl else 99.0)
         q_ttft = slo.ttft.percentile if slo.ttft else 0.99
@@ -126,6 +130,7 @@ class Simulator:
             itl=float(np.quantile(gaps, q_itl)) if gaps else None,
             mean_prompt_tokens=float(np.mean([p for p, _ in arrived])) if arrived else 0.0,
             mean_output_tokens=float(np.mean([o for _, o in arrived])) if arrived else 0.0,
+            backlog_growth=(in_system[1] - in_system[0]) / seconds,
         )
 
 

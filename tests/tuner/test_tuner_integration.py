@@ -1,0 +1,101 @@
+"""The tuning path with the real parts: two engine processes with SmolLM2 on loopback sharing one knobs file, a
+real Prometheus scraping them every second, the load generator, and the tuner in local mode with short windows."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from chunkpilot.engine.knobs import SchedulerKnobs
+from chunkpilot.engine.knobs_file import parse_knobs, write_knobs
+from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark
+from chunkpilot.loadgen.workloads import Phase, Shape, build_workload
+from chunkpilot.tuner.config import TuningConfig
+from chunkpilot.tuner.local import build_local
+from chunkpilot.tuner.loop import TunerSettings
+from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.tuner.prometheus_server import PrometheusServer
+from chunkpilot.tuner.space import Knobs
+
+from ..conftest import require_tool
+from ..engine.server_proc import EngineServer, wait_for
+
+
+@pytest.fixture
+def engines(smollm2_dir, tmp_path):
+    knobs = tmp_path / "knobs.json"
+    write_knobs(knobs, SchedulerKnobs(256, 256, 0))
+    servers = [EngineServer(smollm2_dir, tmp_path, "--knobs-file", str(knobs), "--max-num-seqs", "8",
+                            "--threads", "1", "--kv-cache-memory-gb", "0.2", "--max-model-len", "1024") for _ in range(2)]
+    try:
+        yield [s.wait_ready() for s in servers], knobs
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def load(url: str, seconds: float, stop: threading.Event, seed: int) -> threading.Thread:
+    specs = build_workload([Phase(seconds, 1.5, {"chat": 1.0})], vocab_size=49152, seed=seed,
+                           shapes={"chat": Shape((16, 64), (8, 16))})
+    t = threading.Thread(target=run_benchmark, daemon=True, args=(BenchmarkConfig(
+        base_url=url, model="smollm2", requests=specs, progress=False, timeout=60),))
+    t.start()
+    return t
+
+
+def test_local_tuner_with_real_engines_and_prometheus(engines, tmp_path):
+    require_tool("prometheus", "sudo apt-get install prometheus (Debian/Ubuntu), or put it on PATH")
+    servers, knobs_file = engines
+    prom = PrometheusServer(tmp_path / "prom", [s.url.removeprefix("http://") for s in servers]).start()
+    stop = threading.Event()
+    for i, s in enumerate(servers):
+        load(s.url, 240, stop, seed=i)
+    config = TuningConfig(
+        deployment="local/it", slo=SLOTargets(ttft=LatencyTarget(0.9, 5.0), itl=LatencyTarget(0.9, 1.0)),
+        budget_bounds=(32, 512), chunk_bounds=(32, 512), storage=f"sqlite:///{tmp_path / 'study.db'}", seed=0,
+        settings=TunerSettings(window=8, warmup=1, max_trials=10, min_requests=4, apply_timeout=20, poll=0.5))
+
+    def tuner():
+        return build_local(config, knobs_file=knobs_file, prometheus_url=prom.url, selector='job="chunkpilot"',
+                           start=Knobs(256, 256), status_file=tmp_path / "status.json", stop=stop)
+    try:
+        loop = tuner()
+        assert wait_for(lambda: len(loop.measurer.source.generations()) == 2, 30)  # first scrapes
+        outcomes = [loop.iterate() for _ in range(3)]
+        completed = loop.study.completed()
+        assert len(completed) >= 2, (outcomes, loop.state.reason)
+        # Knobs changed, and both engines report (and Prometheus saw) the generation that carries them.
+        gen = parse_knobs(knobs_file.read_bytes()).generation
+        assert gen >= 2
+        assert all(s.metrics()["chunkpilot:scheduler_generation"] == gen for s in servers)
+        assert sorted(loop.measurer.source.generations()) == [gen, gen]
+        window = completed[-1].user_attrs["window"]
+        assert window["requests"] > 0 and window["ttft"] > 0 and window["itl"] > 0 and window["request_rate"] > 0
+        status = json.loads((tmp_path / "status.json").read_text())
+        assert status["tuning"]["phase"] == "Exploring" and status["tuning"]["trial"] == len(completed)
+
+        # Prometheus goes away: the tuner holds, records nothing and leaves the knobs alone.
+        prom.stop()
+        before = knobs_file.read_bytes()
+        assert loop.iterate() == "hold"
+        assert not loop.state.healthy and "did not answer" in loop.state.reason
+        assert knobs_file.read_bytes() == before and len(loop.study.completed()) == len(completed)
+        status = json.loads((tmp_path / "status.json").read_text())
+        tuning_cond = next(c for c in status["conditions"] if c["type"] == "Tuning")
+        assert tuning_cond["status"] == "False" and tuning_cond["reason"] == "MeasurementsUnavailable"
+
+        # Prometheus and the tuner restart: the study resumes from the SQLite file, nothing lost or doubled.
+        prom.start()
+        resumed = tuner()
+        assert wait_for(lambda: len(resumed.measurer.source.generations()) == 2, 30)
+        assert len(resumed.study.completed()) == len(completed) and resumed.state.trial == len(completed)
+        assert resumed.actuator.current() == loop.actuator.current()  # it picks up the knobs the engines run
+        for _ in range(3):
+            if resumed.iterate() == "trial":
+                break
+        assert len(resumed.study.completed()) == len(completed) + 1
+    finally:
+        stop.set()
+        prom.stop()

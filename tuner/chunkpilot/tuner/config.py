@@ -1,0 +1,62 @@
+"""One factory for a tuning loop, shared by local mode, the cluster daemons and the demo: settings in, a
+TunerLoop wired to its study storage, sampler, measurer, actuator and publisher out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chunkpilot.tuner.loop import Actuator, Measurer, Publisher, TunerLoop, TunerSettings
+from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.tuner.space import SearchSpace
+from chunkpilot.tuner.study import TunerStudy
+
+
+@dataclass(frozen=True)
+class TuningConfig:
+    deployment: str  # "namespace/name" (the study's name)
+    slo: SLOTargets
+    budget_bounds: tuple[int, int] = (64, 8192)
+    chunk_bounds: tuple[int, int] = (32, 8192)
+    step: int = 16  # the KV block size: knobs in whole blocks
+    storage: str = "sqlite:///chunkpilot-tuner.db"
+    seed: int | None = None
+    settings: TunerSettings = field(default_factory=TunerSettings)
+
+    def space(self) -> SearchSpace:
+        return SearchSpace.from_bounds(self.budget_bounds, self.chunk_bounds, self.step)
+
+
+def parse_slo(text: str | None, what: str) -> LatencyTarget | None:
+    """'0.99:0.2' (percentile:seconds) or '0.2' (p99) -> LatencyTarget; a clear error otherwise."""
+    if not text:
+        return None
+    try:
+        if ":" in text:
+            p, t = text.split(":", 1)
+            target = LatencyTarget(float(p), float(t))
+        else:
+            target = LatencyTarget(0.99, float(text))
+    except ValueError:
+        raise ValueError(f"--{what}-slo must be PERCENTILE:SECONDS like 0.99:0.2, got {text!r}") from None
+    if not 0 < target.percentile < 1 or target.threshold <= 0:
+        raise ValueError(f"--{what}-slo needs 0 < percentile < 1 and seconds > 0, got {text!r}")
+    return target
+
+
+def parse_bounds(text: str, what: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--{what} must be MIN:MAX like 64:8192, got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"--{what} needs 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def build_loop(config: TuningConfig, actuator: Actuator, measurer: Measurer, publisher: Publisher) -> TunerLoop:
+    if config.slo.ttft is None and config.slo.itl is None:
+        raise ValueError("tuning needs at least one SLO (TTFT or ITL)")
+    space = config.space()
+    study = TunerStudy(config.storage, config.deployment, space, config.slo, config.settings.objective,
+                       seed=config.seed)
+    return TunerLoop(config.settings, space, study, actuator, measurer, publisher, config.slo)

@@ -1,0 +1,232 @@
+"""Cluster mode: one kopf daemon per InferenceDeployment whose tuning mode is not off, each running the same
+TunerLoop as local mode, with the custom resource as actuator and publisher.
+
+* auto: the chosen knobs go to `status.scheduler` (source: tuner, generation + 1); the operator turns them into
+  the knobs ConfigMap; Prometheus tells when every pod exports that generation.
+* advisory: only `status.tuning.recommendation` is written.
+* The tuner writes only `status.scheduler`, `status.tuning`, `status.slo` and the Tuning and SLOMet conditions
+  (read-modify-write with the resourceVersion, retried on 409, so the operator's conditions survive).
+* A change of the SLOs, bounds or objective starts a new study (its name carries a fingerprint of them): trials
+  measured against other targets say nothing about the new ones.
+* kopf's bookkeeping uses the prefix `tuner.chunkpilot.io`, apart from the operator's. kopf daemons need a
+  finalizer: deleting a tuned resource waits until the tuner stopped its daemon (seconds); if the tuner is gone
+  for good, remove `tuner.chunkpilot.io/finalizer` by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass
+
+import kopf
+from kubernetes.client import ApiException
+from pydantic import ValidationError
+
+from chunkpilot.api.types import GROUP, PLURAL, VERSION, InferenceDeploymentSpec
+from chunkpilot.operator.conditions import merge_conditions
+from chunkpilot.operator.kube import Kube
+from chunkpilot.tuner.config import TuningConfig, build_loop
+from chunkpilot.tuner.loop import TunerLoop, TunerSettings
+from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.tuner.metrics import TunerMetrics
+from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
+from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.state import TunerState, conditions, now_rfc3339, status_slo, status_tuning
+
+log = logging.getLogger(__name__)
+ANNOTATION_PREFIX = f"tuner.{GROUP}"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    prometheus_url: str
+    storage: str
+    namespaces: tuple[str, ...] = ()
+    selector_template: str = 'namespace="{namespace}",service="{name}"'
+    peering: str | None = None
+    liveness: str | None = "http://0.0.0.0:8081/healthz"
+    min_requests: int = 20
+    seed: int | None = None
+
+
+def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig) -> TuningConfig:
+    """The InferenceDeployment's spec → the loop's settings; raises ValidationError/ValueError on a bad spec."""
+    s = InferenceDeploymentSpec.model_validate(spec)
+
+    def target(t):
+        return LatencyTarget(t.percentile, t.threshold_seconds) if t is not None else None
+    slo = SLOTargets(ttft=target(s.slo.ttft), itl=target(s.slo.itl))
+    if slo.ttft is None and slo.itl is None:
+        raise ValueError("tuning needs spec.slo.ttft or spec.slo.itl")
+    b = s.tuning.bounds
+    fingerprint = hashlib.sha256(json.dumps({"slo": s.slo.model_dump(), "bounds": b.model_dump(),
+                                             "objective": s.tuning.objective}, sort_keys=True).encode()).hexdigest()[:8]
+    return TuningConfig(
+        deployment=f"{namespace}/{name}@{fingerprint}", slo=slo,
+        budget_bounds=(max(b.token_budget.min, s.engine.max_num_seqs), b.token_budget.max),
+        chunk_bounds=(b.max_chunk.min, b.max_chunk.max), storage=cluster.storage, seed=cluster.seed,
+        settings=TunerSettings(mode=s.tuning.mode, objective=s.tuning.objective, window=s.tuning.window_seconds,
+                               warmup=s.tuning.warmup_seconds, max_trials=s.tuning.max_trials,
+                               min_requests=cluster.min_requests))
+
+
+class StatusWriter:
+    """Read-modify-write of the tuner's part of status, retried on conflicts."""
+
+    def __init__(self, kube: Kube, namespace: str, name: str) -> None:
+        self.kube, self.namespace, self.name = kube, namespace, name
+
+    def write(self, part: dict, tuner_conditions: list[dict] | None = None, attempts: int = 5) -> None:
+        for _ in range(attempts):
+            raw = self.kube.read_inference_deployment(self.namespace, self.name)
+            if raw is None:
+                return
+            patch = dict(part)
+            if tuner_conditions is not None:
+                patch["conditions"] = merge_conditions((raw.get("status") or {}).get("conditions") or [],
+                                                       tuner_conditions, now_rfc3339())
+            try:
+                self.kube.patch_status(self.namespace, self.name, patch, raw["metadata"].get("resourceVersion"))
+                return
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        log.warning("status of %s/%s not written after %d conflicts", self.namespace, self.name, attempts)
+
+
+class StatusActuator:
+    def __init__(self, writer: StatusWriter, source: PrometheusSource, start: Knobs, generation: int) -> None:
+        self.writer, self.source = writer, source
+        self._knobs, self._generation = start, generation
+
+    def apply(self, knobs: Knobs) -> int:
+        self._generation += 1
+        self.writer.write({"scheduler": {"tokenBudget": knobs.token_budget, "maxChunk": knobs.max_chunk,
+                                         "source": "tuner", "generation": self._generation}})
+        self._knobs = knobs
+        return self._generation
+
+    def applied(self, generation: int) -> bool:
+        gens = self.source.generations()
+        return bool(gens) and min(gens) >= generation
+
+    def current(self) -> Knobs:
+        return self._knobs
+
+
+class StatusPublisher:
+    def __init__(self, writer: StatusWriter, config: TuningConfig, metrics: TunerMetrics | None) -> None:
+        self.writer, self.config, self.metrics = writer, config, metrics
+
+    def publish(self, state: TunerState) -> None:
+        part = {"tuning": status_tuning(state, self.config.slo, self.config.settings.objective)}
+        slo = status_slo(state.current_window, self.config.slo)
+        if slo is not None:
+            part["slo"] = slo
+        self.writer.write(part, conditions(state, self.config.slo))
+        if self.metrics is not None:
+            self.metrics.update(self.writer.namespace, self.writer.name, state, self.config.slo,
+                                self.config.settings.objective)
+
+
+def start_knobs(raw: dict) -> tuple[Knobs, int]:
+    st = (raw.get("status") or {}).get("scheduler") or {}
+    spec = (raw.get("spec") or {}).get("scheduler") or {}
+    budget = st.get("tokenBudget") or spec.get("tokenBudget") or 512
+    chunk = st.get("maxChunk") or spec.get("maxChunk") or 512
+    return Knobs(int(budget), int(chunk)), int(st.get("generation") or 0)
+
+
+def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped) -> None:
+    """The daemon body: rebuild the loop when the tuning spec changes, iterate until stopped."""
+    kube: Kube = memo.kube
+    cluster: ClusterConfig = memo.cluster
+    writer = StatusWriter(kube, namespace, name)
+    loop: TunerLoop | None = None
+    built_for: TuningConfig | None = None
+    selector = cluster.selector_template.format(namespace=namespace, name=name)
+    sleep = lambda seconds: bool(stopped.wait(seconds))  # noqa: E731 - kopf's waiter is truthy once stopped
+    while not stopped:
+        raw = kube.read_inference_deployment(namespace, name)
+        if raw is None:
+            return
+        try:
+            config = tuning_config(namespace, name, raw.get("spec") or {}, cluster)
+        except (ValidationError, ValueError) as e:
+            writer.write({"tuning": {"mode": "off", "phase": "Holding", "reason": str(e)[:1024]}},
+                         [{"type": "Tuning", "status": "False", "reason": "InvalidTuningSpec",
+                           "message": str(e)[:1024]}])
+            sleep(60)
+            continue
+        if config != built_for:
+            start, generation = start_knobs(raw)
+            source = PrometheusSource(cluster.prometheus_url, selector)
+            loop = build_loop(config, StatusActuator(writer, source, start, generation),
+                              PrometheusMeasurer(source, config.slo, sleep=sleep),
+                              StatusPublisher(writer, config, memo.metrics))
+            built_for = config
+            log.info("tuning %s/%s: study %s, mode %s", namespace, name, config.deployment, config.settings.mode)
+        loop.iterate()
+
+
+def build_registry() -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs):
+        return kopf.login_via_client(**kwargs)
+
+    def tuning_on(spec, **_) -> bool:
+        return (spec.get("tuning") or {}).get("mode", "off") in ("auto", "advisory")
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, when=tuning_on, cancellation_timeout=30, registry=registry)
+    def tune(stopped, namespace, name, memo: kopf.Memo, **_) -> None:
+        tune_one(namespace, name, memo, stopped)
+
+    return registry
+
+
+def kopf_settings(cluster: ClusterConfig) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
+    settings.posting.level = logging.WARNING
+    # every tuned deployment's daemon holds one executor thread for its whole life
+    settings.execution.max_workers = 512
+    settings.peering.standalone = cluster.peering is None
+    if cluster.peering:
+        settings.peering.name = cluster.peering
+        settings.peering.clusterwide = not cluster.namespaces
+    return settings
+
+
+def run(cluster: ClusterConfig, metrics: TunerMetrics, stop: threading.Event) -> None:
+    """kopf in its own thread (as the operator does) so the CLI's signal handler owns SIGTERM."""
+    import asyncio
+
+    from chunkpilot.operator.kube import load_config
+
+    load_config()
+    memo = kopf.Memo(kube=Kube(), cluster=cluster, metrics=metrics)
+    failure: list[BaseException] = []
+
+    def operate() -> None:
+        try:
+            asyncio.run(kopf.operator(
+                registry=build_registry(), settings=kopf_settings(cluster), clusterwide=not cluster.namespaces,
+                namespaces=list(cluster.namespaces), standalone=cluster.peering is None,
+                peering_name=cluster.peering, liveness_endpoint=cluster.liveness, memo=memo, stop_flag=stop))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failure.append(e)
+
+    thread = threading.Thread(target=operate, name="kopf", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)
+    if failure:
+        raise SystemExit(f"tuner stopped: {failure[0]!r}")

@@ -1,0 +1,59 @@
+"""The tuner's own metrics, for the dashboard (trials, objective, best, knobs, phase). One place for the names."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from chunkpilot.tuner.measurement import SLOTargets, objective_value
+from chunkpilot.tuner.state import TunerState, status_slo
+
+PREFIX = "chunkpilot:tuner_"
+TRIALS = PREFIX + "trials_total"
+OBJECTIVE = PREFIX + "objective"
+BEST_OBJECTIVE = PREFIX + "best_objective"
+TOKEN_BUDGET = PREFIX + "token_budget"
+MAX_CHUNK = PREFIX + "max_chunk"
+PHASE = PREFIX + "phase"
+HEALTHY = PREFIX + "healthy"
+SLO_ATTAINMENT = PREFIX + "slo_attainment"
+ALL_NAMES = (TRIALS, OBJECTIVE, BEST_OBJECTIVE, TOKEN_BUDGET, MAX_CHUNK, PHASE, HEALTHY, SLO_ATTAINMENT)
+PHASES = ("Exploring", "Exploiting", "Holding", "Advisory")
+LABELS = ["namespace", "deployment"]
+
+
+class TunerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        # prometheus_client appends _total itself; give it the base name.
+        self.trials = Counter(TRIALS.removesuffix("_total"), "Tuner windows by result (complete, cut, thin, "
+                              "exploit, observed).", LABELS + ["result"], registry=r)
+        self.objective = Gauge(OBJECTIVE, "Objective of the last window.", LABELS, registry=r)
+        self.best = Gauge(BEST_OBJECTIVE, "Objective of the best feasible knobs.", LABELS, registry=r)
+        self.budget = Gauge(TOKEN_BUDGET, "Token budget the tuner applied last.", LABELS, registry=r)
+        self.chunk = Gauge(MAX_CHUNK, "Max chunk the tuner applied last.", LABELS, registry=r)
+        self.phase = Gauge(PHASE, "1 for the tuner's current phase.", LABELS + ["phase"], registry=r)
+        self.healthy = Gauge(HEALTHY, "1 while measurements succeed, 0 while holding.", LABELS, registry=r)
+        self.attainment = Gauge(SLO_ATTAINMENT, "Share of requests within the SLOs in the last window.", LABELS,
+                                registry=r)
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def update(self, namespace: str, deployment: str, state: TunerState, slo: SLOTargets, objective: str) -> None:
+        key = (namespace, deployment)
+        new = min(state.recorded - self._seen.get(key, 0), len(state.history))
+        for entry in state.history[len(state.history) - new:] if new > 0 else []:
+            self.trials.labels(namespace, deployment, entry["kind"]).inc()
+        self._seen[key] = state.recorded
+        if state.current_window is not None:
+            self.objective.labels(namespace, deployment).set(objective_value(state.current_window, objective))
+            slo_status = status_slo(state.current_window, slo) or {}
+            if "attainment" in slo_status:
+                self.attainment.labels(namespace, deployment).set(slo_status["attainment"])
+        if state.best is not None:
+            self.best.labels(namespace, deployment).set(state.best.objective)
+        if state.current is not None:
+            self.budget.labels(namespace, deployment).set(state.current.token_budget)
+            self.chunk.labels(namespace, deployment).set(state.current.max_chunk)
+        for p in PHASES:
+            self.phase.labels(namespace, deployment, p).set(1 if state.phase == p else 0)
+        self.healthy.labels(namespace, deployment).set(1 if state.healthy else 0)

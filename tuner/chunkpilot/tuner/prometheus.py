@@ -1,0 +1,141 @@
+"""Windows measured from Prometheus: PromQL builders (pure), the bucket arithmetic (pure), and the client.
+
+Every query filters by one label selector (e.g. `job="chunkpilot"` locally, `namespace="team",service="llm"` in a
+cluster scraped through a ServiceMonitor) and aggregates over all pods, because the SLO is the deployment's, not a
+pod's. Metric names come from the engine's metrics module, never typed twice."""
+
+from __future__ import annotations
+
+import math
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+
+from chunkpilot.engine import metrics as m
+from chunkpilot.tuner.loop import MeasurementUnavailable
+from chunkpilot.tuner.measurement import SLOTargets, Window
+
+
+def _w(seconds: float) -> str:
+    return f"{max(1, int(round(seconds)))}s"
+
+
+def quantile_query(metric: str, q: float, selector: str, seconds: float) -> str:
+    return f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{selector}}}[{_w(seconds)}])))"
+
+
+def buckets_query(metric: str, selector: str, seconds: float) -> str:
+    return f"sum by (le) (increase({metric}_bucket{{{selector}}}[{_w(seconds)}]))"
+
+
+def rate_query(metric: str, selector: str, seconds: float) -> str:
+    return f"sum(rate({metric}{{{selector}}}[{_w(seconds)}]))"
+
+
+def fraction_below(buckets: dict[float, float], threshold: float) -> float | None:
+    """Share of observations <= threshold from cumulative bucket counts {le: count}, interpolating linearly
+    inside the bucket that holds the threshold (what histogram_quantile assumes, inverted)."""
+    if not buckets:
+        return None
+    les = sorted(buckets)
+    total = buckets[les[-1]]
+    if total <= 0:
+        return None
+    prev_le, prev_count = 0.0, 0.0
+    for le in les:
+        count = buckets[le]
+        if threshold <= le:
+            if math.isinf(le):
+                return prev_count / total
+            share = (threshold - prev_le) / (le - prev_le) if le > prev_le else 1.0
+            return (prev_count + share * (count - prev_count)) / total
+        prev_le, prev_count = le, count
+    return 1.0
+
+
+class PrometheusSource:
+    def __init__(self, url: str, selector: str, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.selector = selector
+        self.client = PrometheusConnect(url=self.url, disable_ssl=True)
+        self.timeout = timeout
+
+    def query(self, promql: str) -> list[dict]:
+        try:
+            return self.client.custom_query(promql, params={"timeout": f"{int(self.timeout)}s"})
+        except (requests.RequestException, PrometheusApiClientException) as e:
+            raise MeasurementUnavailable(f"Prometheus at {self.url} did not answer: {type(e).__name__}: {e}") from e
+
+    def scalar(self, promql: str) -> float | None:
+        result = self.query(promql)
+        if not result:
+            return None
+        v = float(result[0]["value"][1])
+        return None if math.isnan(v) else v
+
+    def check(self) -> None:
+        series = self.query(f"{m.SCHEDULER_GENERATION}{{{self.selector}}}")
+        if not series:
+            raise MeasurementUnavailable(
+                f"Prometheus at {self.url} has no {m.SCHEDULER_GENERATION} series for {{{self.selector}}}: check the "
+                "selector and that the engines are being scraped")
+
+    def generations(self) -> list[int]:
+        return [int(float(s["value"][1])) for s in self.query(f"{m.SCHEDULER_GENERATION}{{{self.selector}}}")]
+
+
+class PrometheusMeasurer:
+    """Measurer for TunerLoop. `wait` sleeps for real (scrapes need real time to happen)."""
+
+    def __init__(self, source: PrometheusSource, slo: SLOTargets, sleep=None) -> None:
+        import time
+
+        self.source = source
+        self.slo = slo
+        self._sleep = sleep or time.sleep
+
+    def check(self) -> None:
+        self.source.check()
+
+    def wait(self, seconds: float) -> None:
+        if self._sleep(seconds):  # Event.wait returns True when the tuner is asked to stop
+            raise MeasurementUnavailable("the tuner is stopping")
+
+    def _buckets(self, metric: str, seconds: float) -> dict[float, float]:
+        out = {}
+        for s in self.source.query(buckets_query(metric, self.source.selector, seconds)):
+            out[float(s["metric"]["le"])] = float(s["value"][1])
+        return out
+
+    def measure(self, seconds: float) -> Window:
+        sel, src = self.source.selector, self.source
+        q_ttft = self.slo.ttft.percentile if self.slo.ttft else 0.99
+        q_itl = self.slo.itl.percentile if self.slo.itl else 0.99
+        ttft = src.scalar(quantile_query(m.TTFT, q_ttft, sel, seconds))
+        itl = src.scalar(quantile_query(m.ITL, q_itl, sel, seconds))
+        done_rate = src.scalar(rate_query(f"{m.REQUEST_SUCCESS}", sel, seconds)) or 0.0
+        # Arrivals: first tokens (the TTFT histogram's count) plus the growth of the waiting queue.
+        first = src.scalar(rate_query(f"{m.TTFT}_count", sel, seconds)) or 0.0
+        queued = src.scalar(f"sum(delta({m.NUM_WAITING}{{{sel}}}[{_w(seconds)}]))") or 0.0
+        running = src.scalar(f"sum(delta({m.NUM_RUNNING}{{{sel}}}[{_w(seconds)}]))") or 0.0
+        arrivals = first + max(0.0, queued) / seconds
+        tokens = src.scalar(rate_query(m.GENERATION_TOKENS, sel, seconds)) or 0.0
+        prompt_mean = _ratio(src.scalar(rate_query(f"{m.REQUEST_PROMPT_TOKENS}_sum", sel, seconds)),
+                             src.scalar(rate_query(f"{m.REQUEST_PROMPT_TOKENS}_count", sel, seconds)))
+        output_mean = _ratio(src.scalar(rate_query(f"{m.REQUEST_GENERATION_TOKENS}_sum", sel, seconds)),
+                             src.scalar(rate_query(f"{m.REQUEST_GENERATION_TOKENS}_count", sel, seconds)))
+        # Goodput estimate: Prometheus has no per-request join of TTFT and ITL, so the share of requests within
+        # the TTFT SLO times the share of token gaps within the ITL SLO, applied to the completion rate.
+        share = 1.0
+        if self.slo.ttft:
+            share *= fraction_below(self._buckets(m.TTFT, seconds), self.slo.ttft.threshold) or 0.0
+        if self.slo.itl:
+            share *= fraction_below(self._buckets(m.ITL, seconds), self.slo.itl.threshold) or 0.0
+        return Window(seconds=seconds, requests=int(round(done_rate * seconds)), request_rate=arrivals,
+                      output_tokens_per_s=tokens, goodput=done_rate * share, ttft=ttft, itl=itl,
+                      mean_prompt_tokens=prompt_mean, mean_output_tokens=output_mean,
+                      backlog_growth=(queued + running) / seconds)
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    return a / b if a is not None and b else 0.0
