@@ -11,7 +11,6 @@ diff-base. Triggers:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import threading
@@ -21,6 +20,7 @@ import kopf
 
 from chunkpilot.api.types import GROUP, KIND, PLURAL, VERSION
 from chunkpilot.operator import builders
+from chunkpilot.operator.kopf_process import KopfProcess, with_client_login
 from chunkpilot.operator.kube import Kube
 from chunkpilot.operator.reconciler import Reconciler
 
@@ -41,33 +41,20 @@ class OperatorConfig:
     workers: int = 16
 
 
+def kopf_process(config: OperatorConfig) -> KopfProcess:
+    return KopfProcess(prefix=ANNOTATION_PREFIX, namespaces=config.namespaces, peering=config.peering,
+                       priority=config.priority, liveness=config.liveness, workers=config.workers)
+
+
 def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
-    settings = kopf.OperatorSettings()
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
-    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
-    settings.watching.server_timeout = config.resync_seconds
+    settings = kopf_process(config).settings()
+    settings.watching.server_timeout = config.resync_seconds  # each reconnect re-lists: the periodic resync
     settings.watching.client_timeout = config.resync_seconds + 30
-    settings.execution.max_workers = config.workers
-    # Only our explicit Events (Created, KnobsChanged, InvalidSpec...) reach `kubectl describe`, not kopf's chatter.
-    settings.posting.level = logging.WARNING
-    settings.peering.standalone = config.peering is None
-    if config.peering:
-        settings.peering.name = config.peering
-        settings.peering.priority = config.priority
-        settings.peering.clusterwide = not config.namespaces
     return settings
 
 
 def build_registry() -> kopf.OperatorRegistry:
-    registry = kopf.OperatorRegistry()
-
-    # A registry of our own starts without kopf's default login; use the kubernetes client's (in-cluster
-    # service account, else kubeconfig), the same credentials our Kube calls use.
-    @kopf.on.login(registry=registry)
-    def login(**kwargs) -> kopf.ConnectionInfo | None:
-        return kopf.login_via_client(**kwargs)
+    registry = with_client_login(kopf.OperatorRegistry())
 
     # Passes still queued for the thread pool when we stop just return (they are idempotent; see run()).
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
@@ -107,34 +94,10 @@ def run(config: OperatorConfig) -> None:
     stopping = threading.Event()
     memo = kopf.Memo(reconciler=Reconciler(Kube(pool_size=config.workers * 2), config.engine, post_event),
                      stopping=stopping)
-    failure: list[BaseException] = []
-
-    def operate() -> None:
-        try:
-            asyncio.run(kopf.operator(
-                registry=build_registry(),
-                settings=kopf_settings(config),
-                clusterwide=not config.namespaces,
-                namespaces=list(config.namespaces),
-                standalone=config.peering is None,
-                peering_name=config.peering,
-                priority=config.priority,
-                liveness_endpoint=config.liveness,
-                memo=memo,
-                stop_flag=stopping,
-            ))
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            failure.append(e)
-
     def on_signal(signum, _frame) -> None:
         log.info("%s received: finishing the passes in flight and stopping", signal.Signals(signum).name)
         stopping.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    thread = threading.Thread(target=operate, name="kopf", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.5)
-    if failure:
-        raise SystemExit(f"operator stopped: {failure[0]!r}")
+    kopf_process(config).run(build_registry(), kopf_settings(config), memo, stopping)

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from chunkpilot.api.types import GROUP, PLURAL, VERSION, InferenceDeploymentSpec
 from chunkpilot.operator.conditions import merge_conditions
+from chunkpilot.operator.kopf_process import KopfProcess, with_client_login
 from chunkpilot.operator.kube import Kube
 from chunkpilot.tuner.config import TuningConfig, build_loop
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
@@ -110,8 +111,7 @@ class StatusActuator:
         return self._generation
 
     def applied(self, generation: int) -> bool:
-        gens = self.source.generations()
-        return bool(gens) and min(gens) >= generation
+        return self.source.all_applied(generation)
 
     def current(self) -> Knobs:
         return self._knobs
@@ -173,11 +173,7 @@ def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped) -> None:
 
 
 def build_registry() -> kopf.OperatorRegistry:
-    registry = kopf.OperatorRegistry()
-
-    @kopf.on.login(registry=registry)
-    def login(**kwargs):
-        return kopf.login_via_client(**kwargs)
+    registry = with_client_login(kopf.OperatorRegistry())
 
     def tuning_on(spec, **_) -> bool:
         return (spec.get("tuning") or {}).get("mode", "off") in ("auto", "advisory")
@@ -189,44 +185,16 @@ def build_registry() -> kopf.OperatorRegistry:
     return registry
 
 
-def kopf_settings(cluster: ClusterConfig) -> kopf.OperatorSettings:
-    settings = kopf.OperatorSettings()
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
-    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
-    settings.posting.level = logging.WARNING
+def kopf_process(cluster: ClusterConfig) -> KopfProcess:
     # every tuned deployment's daemon holds one executor thread for its whole life
-    settings.execution.max_workers = 512
-    settings.peering.standalone = cluster.peering is None
-    if cluster.peering:
-        settings.peering.name = cluster.peering
-        settings.peering.clusterwide = not cluster.namespaces
-    return settings
+    return KopfProcess(prefix=ANNOTATION_PREFIX, namespaces=cluster.namespaces, peering=cluster.peering,
+                       liveness=cluster.liveness, workers=512)
 
 
 def run(cluster: ClusterConfig, metrics: TunerMetrics, stop: threading.Event) -> None:
     """kopf in its own thread (as the operator does) so the CLI's signal handler owns SIGTERM."""
-    import asyncio
-
     from chunkpilot.operator.kube import load_config
 
     load_config()
-    memo = kopf.Memo(kube=Kube(), cluster=cluster, metrics=metrics)
-    failure: list[BaseException] = []
-
-    def operate() -> None:
-        try:
-            asyncio.run(kopf.operator(
-                registry=build_registry(), settings=kopf_settings(cluster), clusterwide=not cluster.namespaces,
-                namespaces=list(cluster.namespaces), standalone=cluster.peering is None,
-                peering_name=cluster.peering, liveness_endpoint=cluster.liveness, memo=memo, stop_flag=stop))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            failure.append(e)
-
-    thread = threading.Thread(target=operate, name="kopf", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.5)
-    if failure:
-        raise SystemExit(f"tuner stopped: {failure[0]!r}")
+    process = kopf_process(cluster)
+    process.run(build_registry(), process.settings(), kopf.Memo(kube=Kube(), cluster=cluster, metrics=metrics), stop)

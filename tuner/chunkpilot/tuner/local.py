@@ -41,8 +41,7 @@ class FileActuator:
         return self._generation
 
     def applied(self, generation: int) -> bool:
-        gens = self.source.generations()
-        return bool(gens) and min(gens) >= generation
+        return self.source.all_applied(generation)
 
     def current(self) -> Knobs:
         return self._knobs

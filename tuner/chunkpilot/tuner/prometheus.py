@@ -83,6 +83,11 @@ class PrometheusSource:
     def generations(self) -> list[int]:
         return [int(float(s["value"][1])) for s in self.query(f"{m.SCHEDULER_GENERATION}{{{self.selector}}}")]
 
+    def all_applied(self, generation: int) -> bool:
+        """Every scraped engine exports `generation` (or a newer one): the knobs are in effect everywhere."""
+        gens = self.generations()
+        return bool(gens) and min(gens) >= generation
+
 
 class PrometheusMeasurer:
     """Measurer for TunerLoop. `wait` sleeps for real (scrapes need real time to happen)."""

@@ -1,0 +1,70 @@
+"""What the operator and the tuner do alike as kopf processes: settings with their own annotation prefix and
+peering (two kopf processes on one resource must not share bookkeeping), the kubernetes client's login, and
+running kopf in a thread of its own so that our signal handler sees SIGTERM first."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+
+import kopf
+
+
+@dataclass(frozen=True)
+class KopfProcess:
+    prefix: str  # annotation prefix for kopf's progress, diff-base and finalizer
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    peering: str | None = None  # None: standalone
+    priority: int = 0
+    liveness: str | None = None
+    workers: int = 16  # executor threads for sync handlers and daemons
+
+    def settings(self) -> kopf.OperatorSettings:
+        s = kopf.OperatorSettings()
+        s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=self.prefix)
+        s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=self.prefix,
+                                                                          key="last-handled-configuration")
+        s.persistence.finalizer = f"{self.prefix}/finalizer"
+        s.execution.max_workers = self.workers
+        # Only our explicit Events reach `kubectl describe`, not kopf's per-handler chatter.
+        s.posting.level = logging.WARNING
+        s.peering.standalone = self.peering is None
+        if self.peering:
+            s.peering.name = self.peering
+            s.peering.priority = self.priority
+            s.peering.clusterwide = not self.namespaces
+        return s
+
+    def run(self, registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings, memo: kopf.Memo,
+            stop: threading.Event) -> None:
+        """Blocks until `stop` is set (by the caller's signal handler) and kopf has finished."""
+        failure: list[BaseException] = []
+
+        def operate() -> None:
+            try:
+                asyncio.run(kopf.operator(
+                    registry=registry, settings=settings, clusterwide=not self.namespaces,
+                    namespaces=list(self.namespaces), standalone=self.peering is None, peering_name=self.peering,
+                    priority=self.priority, liveness_endpoint=self.liveness, memo=memo, stop_flag=stop))
+            except BaseException as e:  # noqa: BLE001 - reported by the calling thread
+                failure.append(e)
+
+        thread = threading.Thread(target=operate, name="kopf", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.5)
+        if failure:
+            raise SystemExit(f"{self.prefix} stopped: {failure[0]!r}")
+
+
+def with_client_login(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
+    """A registry of our own starts without kopf's default login; use the kubernetes client's (in-cluster
+    service account, else kubeconfig), the same credentials our own API calls use."""
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
+
+    return registry
