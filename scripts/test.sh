@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/system-deps.sh
 bash scripts/setup.sh
+bash scripts/go-tools.sh
 exec "${CHUNKPILOT_VENV:-.venv}/bin/python" -m pytest "$@"

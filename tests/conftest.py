@@ -8,12 +8,16 @@ import os
 import pytest
 
 
-def require_tool(name: str, how: str) -> None:
-    """In CI a missing tool fails the test; locally it skips with how to get it."""
+def require_tool(name: str, how: str) -> str:
+    """The tool's path (PATH, then the cache's bin/ where scripts/go-tools.sh builds helm and kubeconform). In CI a
+    missing tool fails the test; locally it skips with how to get it."""
     import shutil
+    from pathlib import Path
 
-    if shutil.which(name):
-        return
+    cache_bin = Path(os.environ.get("CHUNKPILOT_CACHE", Path.home() / ".cache" / "chunkpilot")) / "bin"
+    found = shutil.which(name) or shutil.which(name, path=str(cache_bin))
+    if found:
+        return found
     message = f"{name} is not installed: {how}"
     if os.environ.get("CI") == "true":
         pytest.fail(message)

@@ -33,9 +33,27 @@ RESOURCES = [
     ("kopf.dev", "v1", "kopfpeerings", "KopfPeering", True),
     ("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", False),
     ("chunkpilot.io", "v1alpha1", "inferencedeployments", "InferenceDeployment", True),
+    ("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor", True),
 ]
 WITH_STATUS = {"deployments", "inferencedeployments"}
 VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
+
+
+@attrs.frozen
+class Call:
+    group: str
+    resource: str
+    subresource: str | None
+    verb: str
+    authorization: str
+
+    @property
+    def rule(self) -> tuple[str, str, str]:
+        return (self.group, self.resource + (f"/{self.subresource}" if self.subresource else ""), self.verb)
+
+
+VERBS_BY_ACTION = {kmock.action.LIST: "list", kmock.action.WATCH: "watch", kmock.action.FETCH: "get",
+                   kmock.action.CREATE: "create", kmock.action.UPDATE: "patch", kmock.action.DELETE: "delete"}
 
 
 @attrs.frozen
@@ -54,6 +72,7 @@ class StampingEmulator(kmock.KubernetesEmulator):
     _inflight: set = attrs.field(factory=set, init=False)
     # (plural, name, HTTP method) of every request, for assertions; kmock's own request log is trimmed below.
     log: list = attrs.field(factory=list, init=False)
+    calls: list = attrs.field(factory=list, init=False)  # for RBAC: who asked for which verb on what
 
     async def _handle(self, request: kmock.Request):
         # kmock matches each request against its reactions by scanning its whole request history, which makes
@@ -70,6 +89,10 @@ class StampingEmulator(kmock.KubernetesEmulator):
         if request.resource is not None:
             name = request.name or ((data or {}).get("metadata", {}).get("name") if isinstance(data, dict) else None)
             self.log.append((request.resource.plural, name, str(request.method.value).upper()))
+            if request.resource.plural:  # not discovery (/apis/group)
+                self.calls.append(Call(request.resource.group or "", request.resource.plural, request.subresource,
+                                       VERBS_BY_ACTION.get(request.action, str(request.action)),
+                                       request.headers.get("Authorization", "")))
         if request.resource is not None and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
             precondition = meta.get("resourceVersion")
@@ -148,11 +171,11 @@ class KubeEmulatorThread:
     def url(self) -> str:
         return str(self.server.url).rstrip("/")
 
-    def kubeconfig(self, path: Path) -> Path:
+    def kubeconfig(self, path: Path, token: str = "test") -> Path:
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
             "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
-            "users": [{"name": "kmock", "user": {"token": "test"}}],
+            "users": [{"name": "kmock", "user": {"token": token}}],
             "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": "default"}}],
         }))
         return path

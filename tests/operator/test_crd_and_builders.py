@@ -177,3 +177,14 @@ def test_specs_the_schema_cannot_catch_raise_a_spec_error(mutate, field):
     mutate(obj.spec)
     with pytest.raises(b.SpecError, match=field.replace(".", r"\.")):
         b.desired_objects(obj)
+
+
+def test_engine_api_key_comes_from_a_secret_and_validates():
+    import kubernetes_validate
+
+    obj = load(SMOL)
+    dep = b.deployment(obj, b.OperatorSettings(engine_api_key_secret="engine-key:token"))
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CHUNKPILOT_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "engine-key", "key": "token"}}
+    kubernetes_validate.validate(dep, "1.33.0", strict=True)
+    assert "CHUNKPILOT_API_KEY" not in str(b.deployment(obj))  # off by default

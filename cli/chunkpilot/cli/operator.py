@@ -21,6 +21,9 @@ def run(
                                           help="Image of the init container that downloads hf:// models."),
     startup_timeout: int = typer.Option(900, envvar="CHUNKPILOT_STARTUP_TIMEOUT_SECONDS",
                                         help="Seconds an engine pod may take to load its model before it is restarted."),
+    engine_api_key_secret: Optional[str] = typer.Option(
+        None, envvar="CHUNKPILOT_ENGINE_API_KEY_SECRET",
+        help="SECRET:KEY in each InferenceDeployment's namespace; the engines then require that API key."),
     peering: Optional[str] = typer.Option(None, envvar="CHUNKPILOT_OPERATOR_PEERING",
                                           help="kopf peering name, for more than one operator replica (only the "
                                                "highest-priority replica acts). Needs kopf's peering CRDs. "
@@ -49,6 +52,7 @@ def run(
     config = OperatorConfig(
         namespaces=names,
         engine=OperatorSettings(engine_image=engine_image, hf_download_image=hf_download_image,
-                                startup_timeout_seconds=startup_timeout),
+                                startup_timeout_seconds=startup_timeout,
+                                engine_api_key_secret=engine_api_key_secret or None),
         peering=peering, priority=priority, liveness=liveness or None, resync_seconds=resync, workers=workers)
     run_operator(config)

@@ -25,6 +25,8 @@ class OperatorSettings:
     engine_image: str = "ghcr.io/chunkpilot/engine:0.1.0"
     hf_download_image: str = "python:3.12-slim"
     startup_timeout_seconds: int = 900
+    # "secret:key" in each InferenceDeployment's namespace: the engine then requires this API key on /v1/*.
+    engine_api_key_secret: str | None = None
 
 
 class SpecError(ValueError):
@@ -132,7 +134,8 @@ def knobs_configmap(obj: InferenceDeployment) -> dict:
             "data": {KNOBS_FILE: json.dumps(data, sort_keys=True)}}
 
 
-def engine_env(obj: InferenceDeployment, model_path: str) -> list[dict]:
+def engine_env(obj: InferenceDeployment, model_path: str,
+               settings: OperatorSettings = OperatorSettings()) -> list[dict]:
     spec = obj.spec
     env = {
         "CHUNKPILOT_MODEL": model_path,
@@ -152,6 +155,10 @@ def engine_env(obj: InferenceDeployment, model_path: str) -> list[dict]:
     if spec.model.max_model_len:
         env["CHUNKPILOT_MAX_MODEL_LEN"] = str(spec.model.max_model_len)
     out = [{"name": k, "value": v} for k, v in env.items()]
+    if settings.engine_api_key_secret:
+        secret, _, key = settings.engine_api_key_secret.partition(":")
+        out.append({"name": "CHUNKPILOT_API_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": secret, "key": key or "api-key"}}})
     return out + [{"name": e.name, "value": e.value} for e in spec.engine.env]
 
 
@@ -171,7 +178,7 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
         "name": "engine",
         "image": spec.engine.image or settings.engine_image,
         "args": list(spec.engine.extra_args),
-        "env": engine_env(obj, model_path),
+        "env": engine_env(obj, model_path, settings),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "resources": {"limits": limits, "requests": dict(limits)},
         "startupProbe": {**probe, "failureThreshold": max(1, settings.startup_timeout_seconds // 10)},

@@ -16,7 +16,8 @@ MAX_CHUNK = PREFIX + "max_chunk"
 PHASE = PREFIX + "phase"
 HEALTHY = PREFIX + "healthy"
 SLO_ATTAINMENT = PREFIX + "slo_attainment"
-ALL_NAMES = (TRIALS, OBJECTIVE, BEST_OBJECTIVE, TOKEN_BUDGET, MAX_CHUNK, PHASE, HEALTHY, SLO_ATTAINMENT)
+SLO_SECONDS = PREFIX + "slo_seconds"  # the deployment's SLO thresholds, for the dashboard's SLO lines
+ALL_NAMES = (TRIALS, OBJECTIVE, BEST_OBJECTIVE, TOKEN_BUDGET, MAX_CHUNK, PHASE, HEALTHY, SLO_ATTAINMENT, SLO_SECONDS)
 PHASES = ("Exploring", "Exploiting", "Holding", "Advisory")
 LABELS = ["namespace", "deployment"]
 
@@ -36,10 +37,15 @@ class TunerMetrics:
         self.healthy = Gauge(HEALTHY, "1 while measurements succeed, 0 while holding.", LABELS, registry=r)
         self.attainment = Gauge(SLO_ATTAINMENT, "Share of requests within the SLOs in the last window.", LABELS,
                                 registry=r)
+        self.slo_seconds = Gauge(SLO_SECONDS, "SLO threshold in seconds (slo=ttft|itl) at its percentile.",
+                                 LABELS + ["slo", "percentile"], registry=r)
         self._seen: dict[tuple[str, str], int] = {}
 
     def update(self, namespace: str, deployment: str, state: TunerState, slo: SLOTargets, objective: str) -> None:
         key = (namespace, deployment)
+        for kind, target in (("ttft", slo.ttft), ("itl", slo.itl)):
+            if target is not None:
+                self.slo_seconds.labels(namespace, deployment, kind, f"{target.percentile:g}").set(target.threshold)
         new = min(state.recorded - self._seen.get(key, 0), len(state.history))
         for entry in state.history[len(state.history) - new:] if new > 0 else []:
             self.trials.labels(namespace, deployment, entry["kind"]).inc()

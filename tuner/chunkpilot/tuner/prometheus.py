@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import requests
+from urllib3.util.retry import Retry
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 
 from chunkpilot.engine import metrics as m
@@ -57,7 +58,9 @@ class PrometheusSource:
     def __init__(self, url: str, selector: str, timeout: float = 10.0) -> None:
         self.url = url.rstrip("/")
         self.selector = selector
-        self.client = PrometheusConnect(url=self.url, disable_ssl=True)
+        # One quick retry: the loop has its own backoff, and a held tuner should say so within seconds.
+        self.client = PrometheusConnect(url=self.url, disable_ssl=True,
+                                        retry=Retry(total=1, backoff_factor=0.2, status_forcelist=[502, 503, 504]))
         self.timeout = timeout
 
     def query(self, promql: str) -> list[dict]:

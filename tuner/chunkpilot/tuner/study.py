@@ -13,6 +13,7 @@ constraints, epochs, resume.
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -50,10 +51,19 @@ def make_sampler(seed: int | None, startup_trials: int) -> optuna.samplers.BaseS
                                       constraints_func=None if _HAS_SET_CONSTRAINT else _constraints_of)
 
 
+_STORAGES: dict[str, optuna.storages.BaseStorage] = {}
+_STORAGES_LOCK = threading.Lock()
+
+
 def make_storage(url: str) -> optuna.storages.BaseStorage:
+    """One storage object per URL and process: the cluster tuner opens studies for many deployments from
+    parallel daemons, and two RDBStorage objects creating the tables of a fresh SQLite file at once collide."""
     if url == ":memory:":
         return optuna.storages.InMemoryStorage()
-    return optuna.storages.RDBStorage(url)
+    with _STORAGES_LOCK:
+        if url not in _STORAGES:
+            _STORAGES[url] = optuna.storages.RDBStorage(url)
+        return _STORAGES[url]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,213 @@
+"""The Helm chart with the real tools: helm lint/template, kubeconform (with the Kubernetes schemas that
+kubernetes-validate ships, since nothing can be downloaded here, and a schema made from our CRD), promtool for the
+alerts, and a real Prometheus that scraped a real engine for every PromQL expression of dashboard and rules."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from chunkpilot.engine import metrics as engine_metrics
+from chunkpilot.tuner import metrics as tuner_metrics
+
+from ..conftest import require_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "chunkpilot"
+VALUES = sorted((Path(__file__).parent / "values").glob("*.yaml"))
+KUBE_VERSIONS = ["1.29.0", "1.33.0"]
+GO_TOOLS = "bash scripts/go-tools.sh (builds them with `go install` into ~/.cache/chunkpilot/bin)"
+
+
+def helm() -> str:
+    return require_tool("helm", GO_TOOLS)
+
+
+def render(values: Path | None = None, *extra: str, kube_version: str = "1.31.0") -> str:
+    cmd = [helm(), "template", "cp", str(CHART), "--namespace", "chunkpilot", "--kube-version", kube_version, *extra]
+    if values:
+        cmd += ["-f", str(values)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def docs(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_chart_crd_is_the_committed_crd():
+    assert (CHART / "crds" / "inferencedeployments.chunkpilot.io.yaml").read_bytes() == \
+        (ROOT / "crds" / "inferencedeployments.chunkpilot.io.yaml").read_bytes(), \
+        "copy crds/inferencedeployments.chunkpilot.io.yaml into helm/chunkpilot/crds/"
+
+
+@pytest.mark.parametrize("values", [None, *VALUES], ids=lambda v: v.stem if v else "default")
+def test_helm_lint_strict(values):
+    cmd = [helm(), "lint", "--strict", str(CHART), "--kube-version", "1.31.0"] + (["-f", str(values)] if values else [])
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_values_schema_rejects_bad_values():
+    res = subprocess.run([helm(), "lint", "--strict", str(CHART), "--set", "operator.replicas=-1",
+                          "--set", "tuner.prometheusUrl=prometheus:9090"], capture_output=True, text=True)
+    assert res.returncode != 0 and "replicas" in res.stdout + res.stderr and "prometheusUrl" in res.stdout + res.stderr
+
+
+class SchemaStore:
+    """kubeconform schema locations. Kubernetes' schemas come from the kubernetes-validate package (nothing can be
+    downloaded here); its files point into a shared _definitions.json by absolute `$ref`s kubeconform cannot
+    follow, so each kind we render gets a self-contained copy (its definitions inlined). Our CRD's schema is
+    written from crds/."""
+
+    def __init__(self, root: Path) -> None:
+        import kubernetes_validate
+
+        self.src = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+        self.root = root
+        crd = yaml.safe_load((ROOT / "crds" / "inferencedeployments.chunkpilot.io.yaml").read_text())
+        (root / "crds").mkdir()
+        for version in crd["spec"]["versions"]:
+            (root / "crds" / f"{crd['spec']['names']['kind'].lower()}_{version['name']}.json").write_text(
+                json.dumps(version["schema"]["openAPIV3Schema"]))
+
+    def prepare(self, text: str, kube_version: str) -> list[str]:
+        folder = f"v{kube_version}-local-strict"
+        (self.root / folder).mkdir(exist_ok=True)
+        defs = None
+        for d in docs(text):
+            group, _, version = d["apiVersion"].rpartition("/")
+            name = f"{d['kind'].lower()}{'-' + group.split('.')[0] if group else ''}-{version}.json"
+            target, source = self.root / folder / name, self.src / folder / name
+            if target.exists() or not source.exists():
+                continue  # not a Kubernetes kind (ours, or the Prometheus Operator's)
+            if defs is None:
+                defs = json.loads((self.src / folder / "_definitions.json").read_text())["$defs"]
+            schema = json.loads(source.read_text().replace('"/api/_definitions.json#/$defs/', '"#/$defs/'))
+            schema["$defs"] = defs
+            target.write_text(json.dumps(schema))
+        return [f"{self.root}/{{{{ .NormalizedKubernetesVersion }}}}-local{{{{ .StrictSuffix }}}}/"
+                "{{ .ResourceKind }}{{ .KindSuffix }}.json",
+                f"{self.root}/crds/{{{{ .ResourceKind }}}}_{{{{ .ResourceAPIVersion }}}}.json"]
+
+
+@pytest.fixture(scope="module")
+def schemas(tmp_path_factory) -> SchemaStore:
+    return SchemaStore(tmp_path_factory.mktemp("schemas"))
+
+
+def kubeconform(text: str, schemas: SchemaStore, kube_version: str) -> subprocess.CompletedProcess:
+    tool = require_tool("kubeconform", GO_TOOLS)
+    cmd = [tool, "-strict", "-summary", "-output", "text", "-kubernetes-version", kube_version,
+           # No schema for the Prometheus Operator's kinds can be had offline; promtool checks the rules instead.
+           "-skip", "ServiceMonitor,PrometheusRule"]
+    for loc in schemas.prepare(text, kube_version):
+        cmd += ["-schema-location", loc]
+    return subprocess.run(cmd + ["-"], input=text, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("values", [None, *VALUES], ids=lambda v: v.stem if v else "default")
+def test_rendered_chart_passes_kubeconform_strict(values, kube_version, schemas):
+    text = render(values, "--include-crds", kube_version=kube_version)
+    res = kubeconform(text, schemas, kube_version)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Invalid: 0, Errors: 0" in res.stdout
+
+
+def test_samples_pass_kubeconform_with_the_crd_schema(schemas):
+    samples = "\n---\n".join(p.read_text() for p in sorted((ROOT / "crds" / "samples").glob("*.yaml")))
+    res = kubeconform(samples, schemas, "1.31.0")
+    assert res.returncode == 0 and "Valid: 2" in res.stdout, res.stdout + res.stderr
+    bad = samples.replace("replicas: 2", "replicas: two", 1)
+    assert kubeconform(bad, schemas, "1.31.0").returncode != 0  # the CRD schema is really applied
+
+
+def test_pods_run_restricted_and_the_study_survives_uninstall():
+    objs = docs(render())
+    for d in (o for o in objs if o["kind"] == "Deployment"):
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == \
+            "RuntimeDefault"
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == \
+                {"drop": ["ALL"]}
+            assert c["livenessProbe"] and c["readinessProbe"] and c["resources"]["requests"]
+    pvc = next(o for o in objs if o["kind"] == "PersistentVolumeClaim")
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    ext = docs(render(next(v for v in VALUES if v.stem == "external-db")))
+    assert not any(o["kind"] == "PersistentVolumeClaim" for o in ext)
+    tuner = next(o for o in ext if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("tuner"))
+    env = tuner["spec"]["template"]["spec"]["containers"][0]["env"][0]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "tuner-db", "key": "url"}
+    roles = [o for o in ext if o["kind"] in ("Role", "ClusterRole")]
+    assert all("*" not in v for r in roles for rule in r["rules"] for v in rule["verbs"] + rule["resources"])
+
+
+def rules_file(tmp_path: Path) -> Path:
+    objs = docs(render(None, "--set", "monitoring.prometheusRule.enabled=true"))
+    rule = next(o for o in objs if o["kind"] == "PrometheusRule")
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rule["spec"]))
+    return path
+
+
+def test_alerts_with_promtool(tmp_path):
+    promtool = require_tool("promtool", "sudo apt-get install prometheus")
+    rules = rules_file(tmp_path)
+    res = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (tmp_path / "alerts_test.yaml").write_text((Path(__file__).parent / "alerts_test.yaml").read_text())
+    res = subprocess.run([promtool, "test", "rules", "alerts_test.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def expressions(tmp_path: Path) -> list[str]:
+    dash = json.loads((CHART / "files" / "dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    rules = yaml.safe_load(rules_file(tmp_path).read_text())
+    return exprs + [r["expr"] for g in rules["groups"] for r in g["rules"]]
+
+
+def test_every_metric_name_is_defined_in_code(tmp_path):
+    rules = yaml.safe_load(rules_file(tmp_path).read_text())
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    known = set(engine_metrics.ALL_NAMES) | set(tuner_metrics.ALL_NAMES) | recorded | {"up"}
+    for expr in expressions(tmp_path):
+        for name in re.findall(r"chunkpilot:[a-z_:]+[a-z0-9_]*", expr):
+            base = re.sub(r"_(bucket|count|sum)$", "", name)
+            assert name in known or base in known, f"{name} in {expr!r} is not defined by the metrics modules"
+
+
+def test_every_expression_runs_on_prometheus_that_scraped_an_engine(smollm2_dir, tmp_path):
+    require_tool("prometheus", "sudo apt-get install prometheus")
+    from chunkpilot.tuner.prometheus_server import PrometheusServer
+
+    from ..engine.server_proc import EngineServer, wait_for
+
+    engine = EngineServer(smollm2_dir, tmp_path, "--max-model-len", "512", "--kv-cache-memory-gb", "0.1").wait_ready()
+    prom = PrometheusServer(tmp_path / "prom", [engine.url.removeprefix("http://")]).start()
+    try:
+        for i in range(3):
+            httpx.post(engine.url + "/v1/completions", json={"model": "smollm2", "prompt": f"Hello {i}",
+                                                               "max_tokens": 4}, timeout=60).raise_for_status()
+
+        def query(q: str) -> dict:
+            return httpx.get(prom.url + "/api/v1/query", params={"query": q}, timeout=10).json()
+        assert wait_for(lambda: query("chunkpilot:time_to_first_token_seconds_count")["data"]["result"], 30)
+        for expr in expressions(tmp_path):
+            body = query(expr)
+            assert body["status"] == "success", (expr, body)
+        # and the engine's series are there under the names the dashboard uses
+        assert query('sum(rate(chunkpilot:request_success_total[5m])) >= 0')["data"]["result"]
+    finally:
+        prom.stop()
+        engine.stop()
