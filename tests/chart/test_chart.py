@@ -207,7 +207,8 @@ def test_every_expression_runs_on_prometheus_that_scraped_an_engine(smollm2_dir,
             body = query(expr)
             assert body["status"] == "success", (expr, body)
         # and the engine's series are there under the names the dashboard uses
-        assert query('sum(rate(chunkpilot:request_success_total[5m])) >= 0')["data"]["result"]
+        # (rate() needs two scrapes of the counter after the requests)
+        assert wait_for(lambda: query('sum(rate(chunkpilot:request_success_total[5m])) >= 0')["data"]["result"], 30)
     finally:
         prom.stop()
         engine.stop()

@@ -20,8 +20,9 @@ def free_port() -> int:
 
 
 class PrometheusServer:
-    def __init__(self, workdir: Path, targets: list[str], *, job: str = "chunkpilot", scrape_interval: str = "1s",
-                 port: int | None = None, binary: str = "prometheus") -> None:
+    def __init__(self, workdir: Path, targets: list[str] | dict[str, list[str]], *, job: str = "chunkpilot",
+                 scrape_interval: str = "1s", port: int | None = None, binary: str = "prometheus") -> None:
+        """targets: host:port list scraped as `job`, or {job: [host:port, ...]} for several jobs."""
         if shutil.which(binary) is None:
             raise FileNotFoundError(f"{binary} is not installed: `sudo apt-get install prometheus` "
                                     "(or put the binary from prometheus.io on PATH)")
@@ -33,7 +34,8 @@ class PrometheusServer:
         self.config = self.workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [{"job_name": name, "static_configs": [{"targets": hosts}]}
+                               for name, hosts in (targets if isinstance(targets, dict) else {job: targets}).items()],
         }))
         self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / "prometheus.log"

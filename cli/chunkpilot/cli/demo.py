@@ -1,0 +1,96 @@
+"""`chunkpilot demo`: two groups of SmolLM2 engines, one tuned online and one on fixed start-up knobs, the same
+shifting load on both, a local Prometheus, a live view and a report."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def demo(
+    duration: float = typer.Option(360.0, help="Seconds of load (the whole run takes about a minute more)."),
+    replicas: int = typer.Option(1, help="Engine processes per group (tuned and fixed)."),
+    rate: float = typer.Option(0.5, help="Requests/s per engine in the busiest phase."),
+    window: float = typer.Option(20.0, help="Tuner measurement window, seconds."),
+    ttft_slo: float = typer.Option(8.0, help="TTFT p99 SLO, seconds."),
+    itl_slo: float = typer.Option(0.5, help="Inter-token latency p99 SLO, seconds."),
+    out: Path = typer.Option(Path("chunkpilot-demo"), help="Folder for the report, logs and the study."),
+    model: Optional[Path] = typer.Option(None, envvar="CHUNKPILOT_MODEL",
+                                         help="Model folder (default: the bundled SmolLM2, converted once)."),
+    live: bool = typer.Option(True, help="Show the live view (off: one line every 10 s)."),
+) -> None:
+    """Show online tuning keep the SLOs: engines + load + Prometheus + tuner on this machine, no cluster."""
+    import shutil
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from chunkpilot.demo import report, view
+    from chunkpilot.demo.run import DemoConfig, drive, save_json, shutdown, start
+
+    console = Console()
+    out.mkdir(parents=True, exist_ok=True)
+    # Logs go to a file: the live view owns the terminal.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        filename=str(out / "demo.log"))
+    if shutil.which("prometheus") is None:
+        console.print("[red]error:[/] the demo needs a local Prometheus server: `sudo apt-get install prometheus` "
+                      "(Debian/Ubuntu; scripts/system-deps.sh does it as root), or put the prometheus binary on PATH")
+        raise typer.Exit(2)
+    if duration < 30 or replicas < 1 or rate <= 0 or window < 5:
+        console.print("[red]error:[/] need --duration >= 30, --replicas >= 1, --rate > 0 and --window >= 5")
+        raise typer.Exit(2)
+    if model is None:
+        from chunkpilot.engine.model_fetch import ModelFetchError, fetch
+
+        try:
+            model = fetch("smollm2")
+        except ModelFetchError as e:
+            console.print(f"[red]error:[/] {e}")
+            raise typer.Exit(2)
+    config = DemoConfig(model=str(model), out=out, duration=duration, replicas=replicas, rate=rate, window=window,
+                        ttft_slo=ttft_slo, itl_slo=itl_slo)
+    run = None
+    interrupted = False
+
+    def on_signal(*_):
+        nonlocal interrupted
+        interrupted = True
+        if run is not None:
+            run.stop.set()
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        run = start(config, say=lambda s: console.print(s))
+        console.print(f"load for {duration:.0f}s; Prometheus at {run.prometheus.url}; logs in {out}/")
+        t0 = time.monotonic()
+        if live:
+            with Live(console=console, refresh_per_second=1) as screen:
+                drive(run, on_tick=lambda: screen.update(view.table(run, view.snapshot(run), time.monotonic() - t0)))
+        else:
+            last = [0.0]
+
+            def tick():
+                if time.monotonic() - last[0] >= 10:
+                    last[0] = time.monotonic()
+                    st = run.tuner.state
+                    console.print(f"{time.monotonic() - t0:.0f}s: tuner {st.phase}, {st.trial} trials, {st.reason}")
+            drive(run, on_tick=tick)
+    except (RuntimeError, TimeoutError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/] {e}")
+        if run is not None:
+            shutdown(run)
+        raise typer.Exit(1)
+    finally:
+        if run is not None and run.prometheus is not None:
+            data = report.series(run)  # before Prometheus stops
+            shutdown(run)
+            png = report.plot(run, data)
+            path = save_json(run, {"series": data, "interrupted": interrupted})
+            console.print(f"report: {png} and {path}")
+            console.print(report.summary_line(run))

@@ -1,0 +1,1 @@
+"""`chunkpilot demo`: the whole idea on one machine (engines, load, Prometheus, tuner), watched live, reported."""

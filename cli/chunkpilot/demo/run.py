@@ -1,0 +1,194 @@
+"""The demo, start to end: two groups of SmolLM2 engines on the CPU get identical copies of one shifting workload;
+one group keeps vLLM's default start-up knobs, the other is tuned online by the real tuner in local mode through
+a local Prometheus. Side by side in one run, so the comparison is fair on a shared, noisy machine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
+from chunkpilot.loadgen.stats import SLO, RequestRecord
+from chunkpilot.loadgen.workloads import Phase, Shape, build_workload
+from chunkpilot.tuner.config import TuningConfig
+from chunkpilot.tuner.local import build_local
+from chunkpilot.tuner.loop import TunerLoop, TunerSettings
+from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.tuner.prometheus_server import PrometheusServer
+from chunkpilot.tuner.space import Knobs
+
+from chunkpilot.demo.engines import EngineProcess
+
+log = logging.getLogger(__name__)
+GROUPS = ("tuned", "fixed")
+# CPU-sized shapes: chat as usual, long prompts scaled to what one core prefills in about a second.
+SHAPES = {"chat": Shape(prompt=(16, 96), output=(8, 32)), "rag": Shape(prompt=(256, 1024), output=(8, 32))}
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    model: str
+    out: Path
+    duration: float = 360.0
+    replicas: int = 1  # engines per group
+    rate: float = 0.5  # requests/s per engine at the busiest phase
+    start: Knobs = Knobs(2048, 2048)  # vLLM's API-server default budget, unchunked
+    ttft_slo: float = 8.0  # p99 seconds
+    itl_slo: float = 0.5  # p99 seconds
+    window: float = 20.0
+    warmup: float = 3.0
+    max_trials: int = 6
+    threads: int = 1  # torch threads per engine (2 groups share the machine)
+    seed: int = 0
+
+    def phases(self) -> list[Phase]:
+        """Rate and mix shift: a calm quarter of chat, half the run busy with long prompts, a calm quarter."""
+        quarter = self.duration / 4
+        return [Phase(quarter, self.rate * 0.6, {"chat": 0.9, "rag": 0.1}),
+                Phase(2 * quarter, self.rate, {"chat": 0.7, "rag": 0.3}),
+                Phase(self.duration - 3 * quarter, self.rate * 0.6, {"chat": 0.9, "rag": 0.1})]
+
+    def slo(self) -> SLOTargets:
+        return SLOTargets(ttft=LatencyTarget(0.99, self.ttft_slo), itl=LatencyTarget(0.99, self.itl_slo))
+
+
+@dataclass
+class DemoRun:
+    config: DemoConfig
+    engines: dict[str, list[EngineProcess]] = field(default_factory=dict)
+    prometheus: PrometheusServer | None = None
+    tuner: TunerLoop | None = None
+    records: dict[str, list[RequestRecord]] = field(default_factory=dict)
+    started: float = 0.0  # wall clock, for Prometheus ranges
+    stop: threading.Event = field(default_factory=threading.Event)
+    knobs_file: Path | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def _engine_args(config: DemoConfig, knobs_file: Path | None) -> list[str]:
+    args = ["--threads", str(config.threads), "--max-model-len", "2048", "--kv-cache-memory-gb", "0.5",
+            "--max-num-seqs", "16", "--token-budget", str(config.start.token_budget),
+            "--max-chunk", str(config.start.max_chunk), "--no-enable-prefix-caching"]
+    return args + (["--knobs-file", str(knobs_file)] if knobs_file else [])
+
+
+def start(config: DemoConfig, say=print) -> DemoRun:
+    """Engines, Prometheus, tuner (not yet iterating). Raises with a clear message when a part cannot start."""
+    config.out.mkdir(parents=True, exist_ok=True)
+    run = DemoRun(config)
+    run.knobs_file = config.out / "knobs.json"
+    run.knobs_file.unlink(missing_ok=True)
+    say(f"starting {2 * config.replicas} engine processes (SmolLM2, CPU, {config.threads} thread each)...")
+    for group in GROUPS:
+        run.engines[group] = [EngineProcess(config.model, f"{group}-{i}", config.out,
+                                            *_engine_args(config, run.knobs_file if group == "tuned" else None))
+                              for i in range(config.replicas)]
+    for e in (e for es in run.engines.values() for e in es):
+        e.wait_ready()
+    say("starting Prometheus (1 s scrapes)...")
+    run.prometheus = PrometheusServer(config.out / "prometheus", {
+        f"chunkpilot-{g}": [e.url.removeprefix("http://") for e in run.engines[g]] for g in GROUPS}).start()
+    storage = config.out / "study.db"
+    storage.unlink(missing_ok=True)  # each demo starts a fresh study
+    tuning = TuningConfig(
+        deployment="demo/tuned", slo=config.slo(), budget_bounds=(32, 2048), chunk_bounds=(32, 2048),
+        storage=f"sqlite:///{storage}", seed=config.seed,
+        settings=TunerSettings(window=config.window, warmup=config.warmup, max_trials=config.max_trials,
+                               min_requests=5, apply_timeout=20, poll=0.5, backoff_max=10))
+    run.tuner = build_local(tuning, knobs_file=run.knobs_file, prometheus_url=run.prometheus.url,
+                            selector='job="chunkpilot-tuned"', start=config.start,
+                            status_file=config.out / "tuner-status.json", stop=run.stop)
+    return run
+
+
+def _load_thread(run: DemoRun, group: str) -> threading.Thread:
+    config = run.config
+    # Identical arrivals and requests for both groups: the same seed.
+    specs = build_workload(config.phases(), vocab_size=49152, seed=config.seed, shapes=SHAPES)
+
+    def one_engine(engine: EngineProcess) -> list[RequestRecord]:
+        cfg = BenchmarkConfig(base_url=engine.url, model="smollm2", requests=specs, progress=False, timeout=120)
+        return asyncio.run(run_benchmark_async(cfg)).records
+
+    def body() -> None:
+        results: list[RequestRecord] = []
+        threads, outs = [], {}
+        for i, engine in enumerate(run.engines[group]):
+            t = threading.Thread(target=lambda i=i, e=engine: outs.__setitem__(i, one_engine(e)), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        for i in sorted(outs):
+            results.extend(outs[i])
+        run.records[group] = results
+
+    t = threading.Thread(target=body, name=f"load-{group}", daemon=True)
+    t.start()
+    return t
+
+
+def drive(run: DemoRun, on_tick=None) -> None:
+    """Send the load to both groups and let the tuner work until the workload ends or `run.stop` is set."""
+    run.started = time.time()
+    loads = [_load_thread(run, g) for g in GROUPS]
+
+    def tune() -> None:
+        while not run.stop.is_set():
+            try:
+                run.tuner.iterate()
+            except Exception as e:  # noqa: BLE001 - the demo reports, never crashes half-way
+                run.errors.append(f"tuner: {type(e).__name__}: {e}")
+                log.exception("tuner iteration failed")
+                run.stop.wait(2)
+
+    tuner = threading.Thread(target=tune, name="tuner", daemon=True)
+    tuner.start()
+    while any(t.is_alive() for t in loads) and not run.stop.is_set():
+        if on_tick:
+            on_tick()
+        time.sleep(1.0)
+    run.stop.set()
+    tuner.join(30)
+
+
+def shutdown(run: DemoRun) -> None:
+    run.stop.set()
+    for e in (e for es in run.engines.values() for e in es):
+        e.stop()
+    if run.prometheus is not None:
+        run.prometheus.stop()
+
+
+def request_slo(config: DemoConfig) -> SLO:
+    return SLO(ttft=config.ttft_slo, itl=config.itl_slo, itl_percentile=99.0)
+
+
+def summary(run: DemoRun) -> dict:
+    """Per group, from the load generator's own records: SLO attainment and goodput, over the same requests."""
+    out = {}
+    slo = request_slo(run.config)
+    for group in GROUPS:
+        recs = run.records.get(group, [])
+        done = [r for r in recs if r.ok]
+        met = sum(1 for r in done if slo.met_by(r))
+        span = (max(r.end for r in done) - min(r.start for r in recs)) if done else 0.0
+        out[group] = {"requests": len(recs), "finished": len(done), "met_slo": met,
+                      "attainment": met / len(recs) if recs else 0.0, "goodput": met / span if span else 0.0}
+    return out
+
+
+def save_json(run: DemoRun, extra: dict) -> Path:
+    state = run.tuner.state if run.tuner else None
+    doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(run.config).items()},
+           "summary": summary(run), "trials": state.history if state else [], "errors": run.errors,
+           "pids": [e.proc.pid for es in run.engines.values() for e in es] +
+                   ([run.prometheus.proc.pid] if run.prometheus and run.prometheus.proc else []), **extra}
+    path = run.config.out / "demo.json"
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    return path

@@ -1,0 +1,62 @@
+"""`chunkpilot demo`, short and small: every part starts, trials are applied, the report is written; Ctrl-C stops
+every process it started and still writes the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .conftest import require_tool
+
+
+def demo(out, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "chunkpilot.cli.main", "demo", "--out", str(out), "--no-live",
+                             "--window", "8", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
+    require_tool("prometheus", "sudo apt-get install prometheus")
+    proc = demo(tmp_path, "--duration", "60", "--rate", "0.8")
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out
+    assert "SLO attainment: tuned" in out
+    doc = json.loads((tmp_path / "demo.json").read_text())
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
+    assert any(t["kind"] in ("complete", "cut") for t in doc["trials"]), doc["trials"]
+    knobs = json.loads((tmp_path / "knobs.json").read_text())
+    assert knobs["generation"] >= 1  # the tuner moved the tuned group's knobs
+    for group in ("tuned", "fixed"):
+        assert doc["summary"][group]["requests"] > 10 and doc["series"][group]["itl_p99"]
+    assert doc["summary"]["tuned"]["requests"] == doc["summary"]["fixed"]["requests"]  # the same load on both
+    assert not any(alive(pid) for pid in doc["pids"])
+
+
+def test_ctrl_c_stops_everything_and_still_reports(smollm2_dir, tmp_path):
+    require_tool("prometheus", "sudo apt-get install prometheus")
+    proc = demo(tmp_path, "--duration", "300")
+    deadline = time.monotonic() + 300
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("load for") or time.monotonic() > deadline:
+            break
+    time.sleep(10)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    out = "".join(lines) + rest
+    assert proc.returncode == 0, out
+    doc = json.loads((tmp_path / "demo.json").read_text())
+    assert doc["interrupted"] is True and (tmp_path / "demo.png").exists()
+    assert not any(alive(pid) for pid in doc["pids"]), out
