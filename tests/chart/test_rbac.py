@@ -21,7 +21,6 @@ from .test_chart import docs, render
 NOT_EXERCISED = {
     ("", "namespaces", "list"): "kopf lists namespaces only when --namespace globs are given",
     ("", "namespaces", "watch"): "kopf watches namespaces only when --namespace globs are given",
-    ("", "events", "create"): "the tuner posts Events only through kopf, when a daemon fails (none fails here)",
 }
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -86,6 +87,31 @@ def test_tuner_process_holds_when_prometheus_is_unreachable(kube, tmp_path):
         assert "tuner.chunkpilot.io/finalizer" in kube.get("inferencedeployments", "default", "tuned")[
             "metadata"].get("finalizers", [])
         assert "tuning" not in (kube.get("inferencedeployments", "default", "plain").get("status") or {})
+        def warnings():
+            return [e for e in kube.objects("events") if e.get("reason") == "MeasurementsUnavailable"
+                    and e.get("involvedObject", {}).get("name") == "tuned"]
+        assert wait_for(warnings, 20)
+        time.sleep(3)
+        assert len(warnings()) == 1  # posted on the transition, not on every retry
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(40) == 0, (tmp_path / "tuner.log").read_text()[-3000:]
+
+
+def test_publisher_posts_events_on_knob_changes_and_health_transitions():
+    from chunkpilot.tuner.daemon import StatusPublisher
+    from chunkpilot.tuner.state import TunerState
+
+    posted = []
+    pub = StatusPublisher(writer=None, config=None, metrics=None, post_event=lambda *e: posted.append(e))
+    state = TunerState(mode="auto", current=Knobs(128, 64), last_change="t1")
+    pub._events(state)
+    pub._events(state)  # nothing new: nothing posted
+    state.healthy, state.reason = False, "Prometheus did not answer"
+    pub._events(state)
+    state.healthy = True
+    state.current, state.last_change = Knobs(96, 32), "t2"
+    pub._events(state)
+    assert [(t, r) for t, r, _ in posted] == [("Normal", "KnobsTuned"), ("Warning", "MeasurementsUnavailable"),
+                                              ("Normal", "MeasurementsBack"), ("Normal", "KnobsTuned")]
+    assert "token budget 96, max chunk 32" in posted[-1][2]

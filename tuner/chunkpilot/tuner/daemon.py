@@ -118,10 +118,29 @@ class StatusActuator:
 
 
 class StatusPublisher:
-    def __init__(self, writer: StatusWriter, config: TuningConfig, metrics: TunerMetrics | None) -> None:
+    def __init__(self, writer: StatusWriter, config: TuningConfig, metrics: TunerMetrics | None,
+                 post_event=None) -> None:
         self.writer, self.config, self.metrics = writer, config, metrics
+        self.post_event = post_event  # (type, reason, message) -> a Kubernetes Event on the resource
+        self._healthy, self._last_change = True, None
+
+    def _events(self, state: TunerState) -> None:
+        """`kubectl describe` tells an SRE when the tuner moved knobs and when it stopped being able to."""
+        if self.post_event is None:
+            return
+        if state.healthy != self._healthy:
+            if state.healthy:
+                self.post_event("Normal", "MeasurementsBack", "measurements work again; tuning resumes")
+            else:
+                self.post_event("Warning", "MeasurementsUnavailable", state.reason)
+            self._healthy = state.healthy
+        if state.last_change and state.last_change != self._last_change and state.current is not None:
+            self._last_change = state.last_change
+            self.post_event("Normal", "KnobsTuned", f"token budget {state.current.token_budget}, max chunk "
+                                                    f"{state.current.max_chunk} ({state.phase.lower()})")
 
     def publish(self, state: TunerState) -> None:
+        self._events(state)
         part = {"tuning": status_tuning(state, self.config.slo, self.config.settings.objective)}
         slo = status_slo(state.current_window, self.config.slo)
         if slo is not None:
@@ -138,6 +157,15 @@ def start_knobs(raw: dict) -> tuple[Knobs, int]:
     budget = st.get("tokenBudget") or spec.get("tokenBudget") or 512
     chunk = st.get("maxChunk") or spec.get("maxChunk") or 512
     return Knobs(int(budget), int(chunk)), int(st.get("generation") or 0)
+
+
+def poster(raw: dict):
+    ref = {"apiVersion": raw.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": raw.get("kind", "InferenceDeployment"),
+           "metadata": {k: raw["metadata"][k] for k in ("name", "namespace", "uid") if k in raw["metadata"]}}
+
+    def post(type_: str, reason: str, message: str) -> None:
+        kopf.event(ref, type=type_, reason=reason, message=message[:1024])
+    return post
 
 
 def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped) -> None:
@@ -166,7 +194,7 @@ def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped) -> None:
             source = PrometheusSource(cluster.prometheus_url, selector)
             loop = build_loop(config, StatusActuator(writer, source, start, generation),
                               PrometheusMeasurer(source, config.slo, sleep=sleep),
-                              StatusPublisher(writer, config, memo.metrics))
+                              StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)))
             built_for = config
             log.info("tuning %s/%s: study %s, mode %s", namespace, name, config.deployment, config.settings.mode)
         loop.iterate()
