@@ -60,3 +60,20 @@ def test_ctrl_c_stops_everything_and_still_reports(smollm2_dir, tmp_path):
     doc = json.loads((tmp_path / "demo.json").read_text())
     assert doc["interrupted"] is True and (tmp_path / "demo.png").exists()
     assert not any(alive(pid) for pid in doc["pids"]), out
+
+
+def test_live_view_renders_latencies_against_the_slos(tmp_path):
+    from rich.console import Console
+
+    from chunkpilot.demo import view
+    from chunkpilot.demo.run import DemoConfig, DemoRun
+    from chunkpilot.tuner.state import TunerState
+
+    run = DemoRun(DemoConfig(model="m", out=tmp_path))
+    run.tuner = type("T", (), {"state": TunerState(mode="auto", phase="Exploring", trial=3, reason="trial 3/6")})()
+    snap = {"groups": {"tuned": {"ttft": 1.2, "itl": 0.21, "knobs": [(64, 64, 3)], "done": 40.0},
+                       "fixed": {"ttft": 2.0, "itl": 1.7, "knobs": [(2048, 2048, 0)], "done": 39.0}}}
+    console = Console(record=True, width=160)
+    console.print(view.table(run, snap, 42.0))
+    text = console.export_text()
+    assert "64/64 g3" in text and "2048/2048 g0" in text and "1.70s" in text and "Exploring, 3 trials" in text
