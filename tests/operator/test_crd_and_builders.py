@@ -188,3 +188,17 @@ def test_engine_api_key_comes_from_a_secret_and_validates():
     assert env["CHUNKPILOT_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "engine-key", "key": "token"}}
     kubernetes_validate.validate(dep, "1.33.0", strict=True)
     assert "CHUNKPILOT_API_KEY" not in str(b.deployment(obj))  # off by default
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--engine-api-key-secret", "Bad_Name:key"], "SECRET:KEY"),
+    (["--engine-api-key-secret", "s:k:extra"], "SECRET:KEY"),
+    (["--resync", "1"], "--resync"),
+])
+def test_operator_cli_rejects_bad_settings_before_connecting(args, words):
+    from typer.testing import CliRunner
+
+    from chunkpilot.cli.main import app
+
+    res = CliRunner().invoke(app, ["operator", "run", *args])
+    assert res.exit_code == 2 and words in res.output

@@ -179,3 +179,19 @@ def test_restart_resumes_the_study_and_closes_the_interrupted_trial(tmp_path):
     assert "interrupted" in loop2.state.reason
     loop2.iterate()
     assert len(study2.completed()) == done + 1 and study2.study.trials[-2].state.name == "FAIL"
+
+
+def test_trial_count_spans_epochs_and_survives_a_restart(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    fake = Fake()
+    loop, study = make(fake, storage=url, max_trials=4)
+    while loop.state.phase != "Exploiting":
+        loop.iterate()
+    first = len(study.completed())
+    fake.rate = 5.0
+    assert loop.iterate() == "reopen"
+    loop.iterate()
+    total = first + len(study.completed())
+    assert study.epoch == 1 and study.total_completed() == total == loop.state.trial
+    _, reopened = make(fake, storage=url, max_trials=4)
+    assert reopened.epoch == 1 and reopened.total_completed() == total

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Optional
 
 import typer
@@ -45,6 +46,11 @@ def run(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not verbose:  # kopf logs every handler run at INFO; with hundreds of objects that drowns the real news
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if engine_api_key_secret and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[-._a-zA-Z0-9]+)?",
+                                                  engine_api_key_secret):
+        typer.echo(f"error: --engine-api-key-secret must be SECRET or SECRET:KEY (a Secret name, optionally a key "
+                   f"in it), got {engine_api_key_secret!r}", err=True)
+        raise typer.Exit(2)
     if resync < 5 or workers < 1:
         typer.echo("error: --resync must be >= 5 seconds and --workers >= 1", err=True)
         raise typer.Exit(2)

@@ -89,6 +89,9 @@ class TunerStudy:
         self.epoch = self._latest_epoch()
         self.study = self._open(self.epoch)
         self.closed_stale = self._close_stale()
+        # Completed trials of earlier epochs never change: count them once, not on every iteration (the loop
+        # asks after each window, and scanning every study in a shared database grows with all deployments).
+        self._earlier_completed = self._count_completed(range(self.epoch))
 
     # -- epochs ---------------------------------------------------------------------------------------------
     def _name(self, epoch: int) -> str:
@@ -106,6 +109,7 @@ class TunerStudy:
                                    sampler=make_sampler(seed, self.startup_trials), load_if_exists=True)
 
     def new_epoch(self, seed_knobs: list[Knobs]) -> None:
+        self._earlier_completed += len(self.completed())
         self.epoch += 1
         self.study = self._open(self.epoch)
         for k in seed_knobs:
@@ -152,10 +156,14 @@ class TunerStudy:
         """Completed trials of this epoch that explored (re-measurements of the incumbent do not count)."""
         return sum(1 for t in self.completed() if t.user_attrs.get("kind") != "incumbent")
 
+    def _count_completed(self, epochs) -> int:
+        names = {s.study_name for s in optuna.get_all_study_summaries(self.storage)}
+        return sum(len(optuna.load_study(study_name=self._name(e), storage=self.storage).get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,))) for e in epochs if self._name(e) in names)
+
     def total_completed(self) -> int:
-        return sum(len(optuna.load_study(study_name=s.study_name, storage=self.storage).get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE,)))
-            for s in optuna.get_all_study_summaries(self.storage) if s.study_name.startswith(f"{self.deployment}#e"))
+        """Completed trials over all epochs of this deployment."""
+        return self._earlier_completed + len(self.completed())
 
     def measured(self) -> list[Measured]:
         """Completed trials grouped by knobs: mean objective, feasible when the mean constraints are. Averaging
