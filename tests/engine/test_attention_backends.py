@@ -113,3 +113,56 @@ def test_contiguous_blocks_shortcut_matches_the_gather(tiny):
         outs.append(llm.generate(PROMPTS[1], params)[0])
     assert outs[0].token_ids == outs[1].token_ids
     assert all(abs(a.logprob - b.logprob) < 1e-5 for a, b in zip(outs[0].logprobs, outs[1].logprobs))
+
+
+def test_decode_groups_by_context_length_change_nothing(tiny, monkeypatch):
+    """Decodes are split into groups of similar context length (each pads only to its own longest context), and
+    long prefill chunks run as groups of their own. Every decode and chunk alone, and all decodes in one group and
+    all chunks in another, must give the same logprobs; the prompts differ in length so the groups differ in
+    context length and batch position."""
+    from chunkpilot.engine import model_runner
+
+    prompts = [" ".join(TEXTS * k) for k in (1, 2, 3, 4)] + [TEXTS[0][:5], TEXTS[3]]
+    params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=2, ignore_eos=True)
+    outs, groups_seen = [], []
+    for cost in (0, 10**9):
+        monkeypatch.setattr(model_runner, "GROUP_COST_SLOTS", cost)
+        monkeypatch.setattr(model_runner, "SOLO_CHUNK", 1 if cost == 0 else cost)
+        llm = LLM(str(tiny), dtype="float32", block_size=4, num_kv_blocks=256, max_num_seqs=8, token_budget=512,
+                  max_chunk=512)
+        runner = llm.engine.runner
+        original = runner._metadata
+
+        def spy(chunks, num_decodes, positions, original=original):
+            meta = original(chunks, num_decodes, positions)
+            groups_seen.append((cost, num_decodes, len(chunks), len(meta.groups)))
+            return meta
+
+        runner._metadata = spy
+        outs.append(llm.generate(prompts, params))
+    split = [(d, n, g) for c, d, n, g in groups_seen if c == 0]
+    assert max(g for d, n, g in split if d == n) > 2  # decodes really were split
+    assert any(d == 0 and g == n > 1 for d, n, g in split)  # every prompt chunk alone
+    assert all(g <= 2 for c, d, n, g in groups_seen if c > 0)  # one decode group, one prefill group
+    for a, b in zip(*outs):
+        assert a.token_ids == b.token_ids
+        assert all(abs(x.logprob - y.logprob) < 1e-5 for x, y in zip(a.logprobs, b.logprobs))
+
+
+def test_split_by_context_covers_every_decode_once_and_never_costs_more():
+    from chunkpilot.engine.model_runner import split_by_context
+
+    lengths = [20, 560, 300, 40, 550, 33, 290, 300]
+    for cost in (0, 64, 256, 10**9):
+        groups = split_by_context(lengths, 16, cost)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        assert all(g == sorted(g) for g in groups)  # step order inside a group
+
+        def padded(g):
+            return cost + len(g) * -(-max(lengths[i] for i in g) // 16) * 16
+
+        assert sum(padded(g) for g in groups) <= padded(list(range(len(lengths))))
+    assert len(split_by_context(lengths, 16, 10**9)) == 1
+    # free groups: one per distinct length in whole blocks (32, 48, 304, 560 slots)
+    assert split_by_context(lengths, 16, 0) == [[1, 4], [2, 6, 7], [3, 5], [0]]
+    assert split_by_context([], 16) == []

@@ -3,9 +3,10 @@
 The runner builds an `AttentionMetadata` once per step; every layer reuses it, so the layers contain no Python
 loop over sequences.
 
-* `sdpa` (everywhere, the CPU path): decodes (one query each) and prefill chunks (many queries, attending causally
-  to their own cached prefix) are two batched calls of torch's scaled_dot_product_attention over K/V gathered
-  from the paged pool, with padding masked out.
+* `sdpa` (everywhere, the CPU path): a few batched calls of torch's scaled_dot_product_attention over K/V gathered
+  from the paged pool, with padding masked out: decodes (one query each) in groups of similar context length,
+  each long prefill chunk (many queries, attending causally to its own cached prefix) alone, short chunks
+  together. The runner decides the groups (model_runner.py).
 * `varlen` (CUDA, torch >= 2.10): one call of torch's `varlen_attn` (FlashAttention) reading K/V straight from
   the pool through the block table, no gather and no padding. Causal masking is bottom-right aligned, which is
   exactly "a chunk attends to its cached prefix and causally to itself".
@@ -52,7 +53,7 @@ class VarlenMetadata:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
-    groups: list[AttentionGroup]  # sdpa: at most two, decodes and prefill chunks
+    groups: list[AttentionGroup]  # sdpa: a few per step (decodes by context length, prefill chunks)
     varlen: VarlenMetadata | None = None  # varlen backend
     block_size: int = 16
 
@@ -70,7 +71,7 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadat
     if meta.varlen is not None:
         return _varlen(q, cache, meta.varlen, meta.block_size, scale, gqa)
     out = torch.empty_like(q)
-    for g in meta.groups:  # at most two groups, not one per sequence
+    for g in meta.groups:  # a few groups per step, not one per sequence
         b, q_len = g.query_index.shape
         qg = (q.view(b, q_len, *q.shape[1:]) if g.covers_all else q[g.query_index]).transpose(1, 2)  # [B, H, Q, D]
         # Gather whole blocks as rows of a [blocks, block_size*heads*dim] table (an embedding lookup: one
