@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,11 +11,7 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from chunkpilot.tuner.child_process import free_port, stop_process, wait_http_ready
 
 
 class EngineServer:
@@ -31,17 +26,9 @@ class EngineServer:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
     def wait_ready(self, timeout: float = 120) -> "EngineServer":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log()}")
+        self._log.flush()
+        wait_http_ready(self.proc, self.url + "/ready", "server", self.log_path, timeout)
+        return self
 
     def log(self) -> str:
         self._log.flush()
@@ -59,15 +46,9 @@ class EngineServer:
         return out
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_process(self.proc, timeout, sig)
         self._log.close()
-        return self.proc.returncode
+        return code
 
 
 def wait_for(cond, timeout: float = 30.0) -> bool:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
-from chunkpilot.tuner.prometheus_server import free_port
+from chunkpilot.tuner.child_process import free_port, stop_process, wait_http_ready
 
 
 class EngineProcess:
@@ -24,23 +21,8 @@ class EngineProcess:
             stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 300.0) -> EngineProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine {self.name} exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"engine {self.name} not ready after {timeout:.0f}s: {self.log_path.read_text()[-2000:]}")
+        wait_http_ready(self.proc, self.url + "/ready", f"engine {self.name}", self.log_path, timeout, poll=0.3)
+        return self
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)

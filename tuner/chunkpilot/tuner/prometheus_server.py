@@ -4,19 +4,12 @@ tests. Data lives in a folder of ours, so a restarted server keeps what it scrap
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
 
-import requests
 import yaml
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from chunkpilot.tuner.child_process import free_port, stop_process, wait_http_ready
 
 
 class PrometheusServer:
@@ -46,23 +39,8 @@ class PrometheusServer:
             [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d"],
             stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
-            try:
-                if requests.get(self.url + "/-/ready", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"prometheus not ready after {timeout}s: {self.log_path.read_text()[-2000:]}")
+        wait_http_ready(self.proc, self.url + "/-/ready", "prometheus", self.log_path, timeout)
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 20)
