@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import statistics
+import pytest
 
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.loop import TunerSettings
@@ -45,6 +45,20 @@ def test_simulated_latencies_follow_the_scheduler():
     assert [r.token_times for r in again] == [r.token_times for r in Simulator(COST, reqs, Knobs(64, 64)).run()]
 
 
+def test_window_reports_the_prefill_capacity_the_knobs_allow():
+    # One 2000-token prompt alone: every step computes max_chunk prompt tokens in overhead + max_chunk x per-token
+    # seconds, so the capacity is exactly max_chunk / that; halving the chunk costs the overhead twice as often.
+    reqs = [RequestSpec("rag", [7] * 2000, 1, 0.01, 2000)]
+    for chunk in (64, 128):
+        sim = Simulator(COST, reqs, Knobs(chunk, chunk))
+        sim.advance(1.0)
+        w = sim.window(1.0, SLO)
+        assert w.prefill_capacity == pytest.approx(chunk / (0.01 + 0.001 * chunk), rel=1e-6)
+    idle = Simulator(COST, [], Knobs(64, 64))
+    idle.advance(1.0)
+    assert idle.window(1.0, SLO).prefill_capacity is None  # no prompt work: nothing to judge
+
+
 def test_knob_change_lands_at_the_next_step():
     reqs = [RequestSpec("chat", [7] * 16, 200, 0.0, 16)]
     sim = Simulator(COST, reqs, Knobs(64, 64))
@@ -56,22 +70,18 @@ def test_knob_change_lands_at_the_next_step():
 
 
 def test_tuner_reaches_the_grid_best_and_beats_a_fixed_2048_budget():
-    """The issue's targets, deterministic, over five seeds: >= 95 % of the grid-best goodput within 15 trials
-    (in the median: one seed in five picks 2048/32, whose ITL tail its windows did not show, ~83 %; README,
-    "Measuring the tuner"), no seed below 80 %, and every seed >= 1.3x the goodput of vLLM's default budget of
-    2048, under a tight ITL SLO on the mixed workload (bench/tuner_vs_grid.py runs the same with more seeds and
-    prints the figures)."""
+    """The issue's targets, deterministic, on seeds 0-4: >= 95 % of the grid-best goodput within 15 trials and
+    >= 1.3x the goodput of vLLM's default budget of 2048, under a tight ITL SLO on the mixed workload. The seeds
+    are the ones this test always used; over 30 seeds about one run in 30 still settles just outside the ITL
+    SLO at ~85 % (README, "Measuring the tuner"; `python bench/tuner_vs_grid.py --seeds 30` prints them)."""
     scenario = Scenario(rate=0.9, seed=0)
     space = SearchSpace.from_bounds((32, 2048), (32, 2048), 16, points_per_octave=2)
     grid = {k: evaluate(k, scenario, default(), SLO, seconds=300, warmup=30).goodput for k in space.all_knobs()}
     best_grid = max(grid.values())
     fixed = grid[Knobs(2048, 2048)]
     settings = TunerSettings(window=60, warmup=10, max_trials=15, min_requests=15)
-    shares = []
     for seed in range(5):
         result = tune(scenario, default(), SLO, space, settings, iterations=15, start=Knobs(2048, 2048), seed=seed)
         found = evaluate(result.best, scenario, default(), SLO, seconds=300, warmup=30).goodput
-        shares.append(found / best_grid)
-        assert found >= 0.8 * best_grid, (seed, result.best, found, best_grid)
+        assert found >= 0.95 * best_grid, (seed, result.best, found, best_grid)
         assert found >= 1.3 * fixed, (seed, found, fixed)
-    assert statistics.median(shares) >= 0.95, shares

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from chunkpilot.tuner.loop import MeasurementUnavailable, TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import (LatencyTarget, SLOTargets, Window, constraints, feasible, load_shift,
-                                          objective_value, wide_breach)
+from chunkpilot.tuner.measurement import (LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, LatencyTarget, SLOTargets,
+                                          Window, constraints, feasible, load_shift, objective_value, slo_met,
+                                          wide_breach)
+from chunkpilot.tuner.state import TunerState, conditions
 from chunkpilot.tuner.space import Knobs, SearchSpace, log_grid
 from chunkpilot.tuner.study import TunerStudy
 
@@ -78,7 +80,9 @@ def test_grid_is_log_spaced_step_multiples_inside_the_bounds():
 
 def test_window_judgements():
     ok = window(Knobs(128, 128))
-    assert feasible(ok, SLO) and constraints(ok, SLO) == pytest.approx([1.0 / 2 - 1, 0.084 / 0.1 - 1, -0.1])  # + keeping up
+    # TTFT, ITL (judged against LATENCY_MARGIN x the threshold), keeping up, prefill headroom (no capacity: unjudged)
+    assert feasible(ok, SLO) and constraints(ok, SLO) == pytest.approx(
+        [1.0 / (2 * LATENCY_MARGIN) - 1, 0.084 / (0.1 * LATENCY_MARGIN) - 1, -0.1, 0.0])
     bad = window(Knobs(2048, 2048))
     assert not feasible(bad, SLO) and wide_breach(bad, SLO, 2.0)
     assert objective_value(ok, "goodput") == pytest.approx(1.0)  # per offered request
@@ -88,6 +92,56 @@ def test_window_judgements():
     assert not feasible(no_data, SLO)
     falling_behind = Window(**{**ok.to_dict(), "backlog_growth": 0.5})  # a quarter of the arrivals queue up
     assert not feasible(falling_behind, SLO)
+
+
+def test_goodput_is_the_share_of_served_requests_within_the_slo():
+    w = window(Knobs(128, 128))  # every request within the SLOs, completions = arrivals
+    draining = Window(**{**w.to_dict(), "requests": 150, "goodput": 2.5})  # 2.5/s done, 2/s arriving: a backlog drains
+    assert objective_value(draining, "goodput") == pytest.approx(1.0)  # not 1.25: draining is not a merit
+    behind = Window(**{**w.to_dict(), "requests": 60, "goodput": 1.0})  # 1/s done, 2/s arriving
+    assert objective_value(behind, "goodput") == pytest.approx(0.5)
+
+
+def test_the_tuner_keeps_a_margin_that_the_slo_status_does_not():
+    near = Window(**{**window(Knobs(128, 128)).to_dict(), "itl": 0.095})  # inside 0.1 s, outside 0.9 x 0.1 s
+    assert slo_met(near, SLO) and not feasible(near, SLO)
+    assert not wide_breach(Window(**{**near.to_dict(), "itl": 0.19}), SLO, 2.0)  # the cut uses the SLO itself
+    assert wide_breach(Window(**{**near.to_dict(), "itl": 0.21}), SLO, 2.0)
+    state = TunerState(mode="auto", current_window=near)
+    slo_cond = next(c for c in conditions(state, SLO) if c["type"] == "SLOMet")
+    assert slo_cond["status"] == "True" and "ITL p99 0.095s (SLO 0.1s)" in slo_cond["message"]
+
+
+def test_prefill_headroom_is_demand_against_capacity():
+    w = window(Knobs(128, 128))  # 2 requests/s x 500 prompt tokens = 1000 prompt tokens/s arriving
+    at = lambda capacity, demand=None: constraints(Window(**{**w.to_dict(), "prefill_capacity": capacity}), SLO,
+                                                   demand)[-1]
+    assert at(1000 / MAX_PREFILL_UTILIZATION) == pytest.approx(0.0)  # exactly the headroom
+    assert at(1500) < 0 and at(1100) > 0  # utilization 0.67 fits, 0.91 does not
+    assert at(1100, demand=600) < 0  # judged against the load it is given
+    assert at(None) == 0.0  # engines without the metric: not judged
+
+
+def test_capacity_is_judged_against_the_epochs_load_not_a_quiet_window():
+    study = TunerStudy(":memory:", "ns/demo", SPACE, SLO, "goodput", seed=0)
+    base = window(Knobs(128, 128))
+    quiet = Window(**{**base.to_dict(), "request_rate": 0.5, "goodput": 0.5, "requests": 30, "prefill_capacity": 400})
+    busy = Window(**{**base.to_dict(), "prefill_capacity": 2000, "goodput": 1.9})
+    small, large = Knobs(32, 32), Knobs(128, 128)
+    study.enqueue(small, "t")
+    trial, knobs = study.ask()
+    assert knobs == small
+    study.tell(trial, quiet)  # 250 prompt tokens/s against 400: fine for that minute
+    assert study.best().knobs == small and study.best().feasible
+    for _ in range(2):
+        study.enqueue(large, "t")
+        trial, _ = study.ask()
+        study.tell(trial, busy)  # the deployment's usual 1000 prompt tokens/s
+    # the epoch's load is (250 + 1000 + 1000) / 3 = 750 tokens/s, far beyond 0.8 x 400: the small knobs are out
+    assert study.reference_demand() == pytest.approx(750)
+    by_knobs = {m.knobs: m for m in study.measured()}
+    assert not by_knobs[small].feasible and by_knobs[large].feasible
+    assert study.best().knobs == large
 
 
 def test_it_finds_the_feasible_region_and_then_holds_it():

@@ -73,6 +73,8 @@ def test_local_tuner_with_real_engines_and_prometheus(engines, tmp_path):
         assert sorted(loop.measurer.source.generations()) == [gen, gen]
         window = completed[-1].user_attrs["window"]
         assert window["requests"] > 0 and window["ttft"] > 0 and window["itl"] > 0 and window["request_rate"] > 0
+        # the engines' prefill counters reach the tuner: prompt tokens/s while prompt work was pending, both pods
+        assert window["prefill_capacity"] > 0 and len(completed[-1].user_attrs["constraints"]) == 4
         status = json.loads((tmp_path / "status.json").read_text())
         assert status["tuning"]["phase"] == "Exploring" and status["tuning"]["trial"] == len(completed)
 

@@ -137,12 +137,14 @@ class AsyncEngine:
                     self._publish_state()
                     self._wake.wait(0.5)
                     continue
+                started = time.monotonic()
                 outputs = self.engine.step()
                 now = time.monotonic()
-                self._record_step()
                 for out in outputs:
                     self._deliver(out, now)
                 self._publish_state()
+                # the whole iteration (delivery included): the time a waiting prompt really waits for a step
+                self._record_step(time.monotonic() - started)
         except BaseException as e:  # the step loop must never die silently: fail every request, go unready
             log.exception("engine step loop died")
             with self._lock:  # together with generate()'s check: every request is failed or refused
@@ -182,10 +184,13 @@ class AsyncEngine:
                     m.tpot.observe((now - live.first_token) / (out.num_output_tokens - 1))
         live.loop.call_soon_threadsafe(live.queue.put_nowait, out)
 
-    def _record_step(self) -> None:
+    def _record_step(self, seconds: float) -> None:
         m, eng = self.metrics, self.engine
         if eng.last_step.num_tokens:
             m.iteration_tokens.observe(eng.last_step.num_tokens)
+        if eng.last_step.prefill_pending:
+            m.prefill_busy.inc(seconds)
+        m.prefill_computed.inc(eng.last_step.num_prefill_tokens)
         bm = eng.block_manager
         q, h = bm.prefix_queries, bm.prefix_hits
         m.prefix_queries.inc(q - self._prefix_seen[0])

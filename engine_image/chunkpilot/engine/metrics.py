@@ -35,6 +35,8 @@ PREFIX_CACHE_QUERIES = PREFIX + "prefix_cache_queries_total"
 PREFIX_CACHE_HITS = PREFIX + "prefix_cache_hits_total"
 REQUEST_SUCCESS = PREFIX + "request_success_total"
 REQUESTS_REJECTED = PREFIX + "requests_rejected_total"
+PREFILL_BUSY_SECONDS = PREFIX + "prefill_busy_seconds_total"
+PREFILL_COMPUTED_TOKENS = PREFIX + "prefill_computed_tokens_total"
 SCHEDULER_TOKEN_BUDGET = PREFIX + "scheduler_token_budget"
 SCHEDULER_MAX_CHUNK = PREFIX + "scheduler_max_chunk"
 SCHEDULER_GENERATION = PREFIX + "scheduler_generation"
@@ -45,7 +47,8 @@ MODEL_LABEL = "model_name"
 ALL_NAMES = (
     TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS,
     ITERATION_TOKENS, NUM_RUNNING, NUM_WAITING, KV_CACHE_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS,
-    PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS, REQUESTS_REJECTED, SCHEDULER_TOKEN_BUDGET,
+    PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS, REQUESTS_REJECTED, PREFILL_BUSY_SECONDS,
+    PREFILL_COMPUTED_TOKENS, SCHEDULER_TOKEN_BUDGET,
     SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS,
 )
 HISTOGRAMS = (TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS,
@@ -113,6 +116,11 @@ class EngineMetrics:
         self.preemptions = counter(PREEMPTIONS, "Sequences preempted (to be recomputed).")
         self.prefix_queries = counter(PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter(PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.")
+        # The tuner's prefill headroom: computed tokens / busy seconds is the prompt tokens/s the knobs allow.
+        self.prefill_busy = counter(PREFILL_BUSY_SECONDS, "Engine loop time in steps with prompt work pending "
+                                    "(prompt tokens in the step, or requests left waiting).")
+        self.prefill_computed = counter(PREFILL_COMPUTED_TOKENS, "Prompt tokens computed by the model (prefix-cache "
+                                        "hits excluded, recomputation after preemption included).")
         self.request_success = Counter(
             _base(REQUEST_SUCCESS), "Finished requests by finish reason.", [MODEL_LABEL, "finished_reason"], registry=r
         )

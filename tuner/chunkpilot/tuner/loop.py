@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, wide_breach
+from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import TunerState, now_rfc3339
 from chunkpilot.tuner.study import TunerStudy
@@ -59,7 +59,7 @@ class TunerSettings:
     probe_fraction: float = 0.34
     incumbent_every: int = 5
     drift_load_shift: float = 0.5  # relative change of rate / prompt / output length that re-opens exploration
-    drift_breach_windows: int = 3  # consecutive infeasible windows of the best knobs that re-open exploration
+    drift_breach_windows: int = 3  # consecutive windows of the best knobs over a latency SLO re-open exploration
     apply_timeout: float = 60.0
     poll: float = 1.0
     backoff_initial: float = 2.0
@@ -170,7 +170,7 @@ class TunerLoop:
         if window.requests < self.s.min_requests:
             self.state.reason = "holding the best knobs (window too thin to judge)"
             return "exploit"
-        self._breaches = 0 if feasible(window, self.slo) else self._breaches + 1
+        self._breaches = 0 if slo_met(window, self.slo) else self._breaches + 1
         shift = load_shift(_load(best.window), load_of(window))
         if self._breaches >= self.s.drift_breach_windows or shift > self.s.drift_load_shift:
             why = (f"SLO breached in {self._breaches} consecutive windows" if self._breaches >= self.s.drift_breach_windows

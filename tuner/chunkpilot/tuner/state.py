@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field
 
-from chunkpilot.tuner.measurement import SLOTargets, Window, feasible
+from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, slo_met
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import Measured
 
@@ -83,7 +83,7 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[dict]:
     if w is None:
         met = {"type": "SLOMet", "status": "Unknown", "reason": "NotMeasured", "message": "no window measured yet"}
     else:
-        ok = feasible(w, slo)
+        ok = slo_met(w, slo)
         parts = []
         if slo.ttft is not None and w.ttft is not None:
             parts.append(f"TTFT p{slo.ttft.percentile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")

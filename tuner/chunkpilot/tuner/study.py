@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from chunkpilot.tuner.measurement import SLOTargets, Window, constraints, objective_value
+from chunkpilot.tuner.measurement import SLOTargets, Window, constraints, objective_value, prompt_demand, window_of
 from chunkpilot.tuner.space import Knobs, SearchSpace
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,12 @@ _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 
 def _constraints_of(trial: FrozenTrial) -> list[float]:
     return list(trial.user_attrs.get("constraints", [1.0]))
+
+
+def _constraints_now(trial: FrozenTrial, slo: SLOTargets, demand: float | None) -> list[float]:
+    """A trial's constraints against today's reference load (the stored ones used the load known when it ended)."""
+    window = trial.user_attrs.get("window")
+    return constraints(window_of(window), slo, demand) if window else _constraints_of(trial)
 
 
 def record_constraints(trial: optuna.Trial, values: list[float]) -> None:
@@ -138,7 +144,8 @@ class TunerStudy:
 
     def tell(self, trial: optuna.Trial, window: Window, *, cut_short: bool = False) -> float:
         value = objective_value(window, self.objective)
-        record_constraints(trial, constraints(window, self.slo))
+        demand = self.reference_demand([window.to_dict()])
+        record_constraints(trial, constraints(window, self.slo, demand))
         trial.set_user_attr("window", window.to_dict())
         trial.set_user_attr("cut_short", cut_short)
         self.study.tell(trial, value)
@@ -177,14 +184,24 @@ class TunerStudy:
         # knobs seen once count half.
         values = sorted(t.value for t in self.completed())
         prior = values[len(values) // 2] if values else 0.0
+        demand = self.reference_demand()
         out = []
         for k, ts in groups.items():
             n = len(ts)
-            cons = [sum(c) / n for c in zip(*[_constraints_of(t) for t in ts])]
+            cons = [sum(c) / n for c in zip(*[_constraints_now(t, self.slo, demand) for t in ts])]
             score = (sum(t.value for t in ts) + SHRINK * prior) / (n + SHRINK)
             out.append(Measured(k, score, all(c <= 0 for c in cons), ts[-1].user_attrs.get("window", {}), n,
                                 max(cons, default=0.0)))
         return out
+
+    def reference_demand(self, extra: list[dict] = ()) -> float | None:
+        """The epoch's prompt tokens/s arriving, averaged over every window measured in it: a setting's prefill
+        capacity is judged against the load the deployment carries, not the load its own window happened to see
+        (a quiet minute makes any budget look big enough)."""
+        demands = [prompt_demand(window_of(w)) for w in [t.user_attrs.get("window") for t in self.completed()]
+                   + list(extra) if w]
+        demands = [d for d in demands if d > 0]
+        return sum(demands) / len(demands) if demands else None
 
     def best(self) -> Measured | None:
         """The best feasible knobs; when none met the SLOs yet, the least violating (the best we can do)."""

@@ -37,6 +37,8 @@ class Simulator:
         self._live: dict[str, RequestRecord] = {}
         self._ids = 0
         self.steps = 0
+        # (end, seconds, prompt tokens) of steps with prompt work pending: the engine's prefill_busy counters
+        self.prefill_busy: list[tuple[float, float, int]] = []
 
     # -- knobs --------------------------------------------------------------------------------------------
     @property
@@ -81,8 +83,11 @@ class Simulator:
                 continue
             decodes = set(id(c) for c in out.chunks[: out.num_decodes])
             feats = step_features([(c.start, c.num_tokens, id(c) in decodes) for c in out.chunks])
-            self.now += self.cost.step_time(feats)
+            seconds = self.cost.step_time(feats)
+            self.now += seconds
             self.steps += 1
+            if out.prefill_pending:
+                self.prefill_busy.append((self.now, seconds, out.num_prefill_tokens))
             sampled = {c.seq.request_id: 1000 + (c.start % 1000) for c in out.chunks if c.samples}
             for seq in self.scheduler.update(out, RunnerOutput(sampled=sampled)):
                 rec = self._live.get(seq.request_id)
@@ -123,6 +128,7 @@ class Simulator:
                   itl_percentile=slo.itl.percentile * 100 if slo.itl else 99.0)
         q_ttft = slo.ttft.percentile if slo.ttft else 0.99
         q_itl = slo.itl.percentile if slo.itl else 0.99
+        busy = [b for b in self.prefill_busy if t0 < b[0] <= t1]
         return Window(
             seconds=seconds, requests=len(done), request_rate=len(arrived) / seconds,
             output_tokens_per_s=tokens / seconds, goodput=sum(1 for r in done if met.met_by(r)) / seconds,
@@ -131,6 +137,7 @@ class Simulator:
             mean_prompt_tokens=float(np.mean([p for p, _ in arrived])) if arrived else 0.0,
             mean_output_tokens=float(np.mean([o for _, o in arrived])) if arrived else 0.0,
             backlog_growth=(in_system[1] - in_system[0]) / seconds,
+            prefill_capacity=_ratio(sum(n for end, _, n in busy), sum(d for _, d, _ in busy)),
         )
 
 
@@ -160,3 +167,7 @@ class SimActuator:
 
     def current(self) -> Knobs:
         return self.sim.knobs
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
