@@ -247,6 +247,8 @@ def test_metrics_parse_and_cover_every_name(server, client, tmp_path):
     assert names.REQUEST_SUCCESS in samples
     m = server.metrics()
     assert m[names.TTFT + "_count"] >= 1 and m[names.GENERATION_TOKENS] >= 3
+    # the prompt was computed in steps the engine timed: the tuner's prefill capacity has data
+    assert m[names.PREFILL_COMPUTED_TOKENS] >= 1 and m[names.PREFILL_BUSY_SECONDS] > 0
 
 
 # promtool's linter reserves ':' for recording rules and wants `_total` only on counters. Our names are the

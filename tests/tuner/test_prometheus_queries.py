@@ -6,7 +6,10 @@ import math
 
 import pytest
 
-from chunkpilot.tuner.prometheus import buckets_query, fraction_below, quantile_query, rate_query
+from chunkpilot.engine import metrics as m
+from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.tuner.prometheus import (PrometheusMeasurer, buckets_query, fraction_below, quantile_query,
+                                         rate_query)
 
 # cumulative counts per upper bound, as `sum by (le) (increase(..._bucket[w]))` returns them
 BUCKETS = {0.1: 10.0, 0.5: 60.0, 1.0: 90.0, math.inf: 100.0}
@@ -35,3 +38,39 @@ def test_queries_aggregate_all_pods_of_the_selector_over_the_window():
         '{namespace="team",service="llm"}[60s])))')
     assert buckets_query("m", sel, 8.4) == 'sum by (le) (increase(m_bucket{namespace="team",service="llm"}[8s]))'
     assert rate_query("m_total", sel, 0.2) == 'sum(rate(m_total{namespace="team",service="llm"}[1s]))'
+
+
+class FakeSource:
+    """Answers the measurer's PromQL from a table of per-metric values, as Prometheus would for two pods; records
+    every query so the test can check what was asked."""
+
+    selector = 'job="chunkpilot"'
+
+    def __init__(self, values: dict[str, float | None]) -> None:
+        self.values, self.asked = values, []
+
+    def scalar(self, promql: str) -> float | None:
+        self.asked.append(promql)
+        for key, value in self.values.items():
+            if key in promql:
+                return value
+        return None
+
+    def query(self, promql: str) -> list[dict]:
+        self.asked.append(promql)
+        return []
+
+
+def test_prefill_capacity_is_what_a_busy_pod_gets_through_times_the_pods():
+    values = {f"count(rate({m.PREFILL_BUSY_SECONDS}": 2.0, m.PREFILL_BUSY_SECONDS: 0.5,  # two pods, 0.25 s/s each
+              m.PREFILL_COMPUTED_TOKENS: 150.0, m.PREFIX_CACHE_HITS: 50.0}  # prompt tokens/s, both pods together
+    src = FakeSource(values)
+    slo = SLOTargets(ttft=LatencyTarget(0.99, 5.0), itl=LatencyTarget(0.99, 0.5))
+    w = PrometheusMeasurer(src, slo, sleep=lambda s: False).measure(30)
+    # (150 + 50) tokens per 0.5 busy second = 400 tokens/s per busy pod, and two pods
+    assert w.prefill_capacity == pytest.approx(800.0)
+    # the pods are counted over the same window as the rates (a pod that only just appeared has no rate yet)
+    assert f'count(rate({m.PREFILL_BUSY_SECONDS}{{job="chunkpilot"}}[30s]))' in src.asked
+    for busy in (None, 0.0):  # engines without the counter, or no prompt computed in the window
+        src = FakeSource({**values, m.PREFILL_BUSY_SECONDS: busy, f"count(rate({m.PREFILL_BUSY_SECONDS}": 2.0})
+        assert PrometheusMeasurer(src, slo, sleep=lambda s: False).measure(30).prefill_capacity is None

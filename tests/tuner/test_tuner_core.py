@@ -120,6 +120,7 @@ def test_prefill_headroom_is_demand_against_capacity():
     assert at(1500) < 0 and at(1100) > 0  # utilization 0.67 fits, 0.91 does not
     assert at(1100, demand=600) < 0  # judged against the load it is given
     assert at(None) == 0.0  # engines without the metric: not judged
+    assert at(0.0) == 1.0  # busy and nothing got through: violated
 
 
 def test_capacity_is_judged_against_the_epochs_load_not_a_quiet_window():
@@ -142,6 +143,30 @@ def test_capacity_is_judged_against_the_epochs_load_not_a_quiet_window():
     by_knobs = {m.knobs: m for m in study.measured()}
     assert not by_knobs[small].feasible and by_knobs[large].feasible
     assert study.best().knobs == large
+
+
+def test_trials_told_by_an_older_tuner_are_scored_as_this_one_scores():
+    # An upgrade resumes the study: an old trial stored goodput / arrivals (1.25 for a window that drained a
+    # queue), three constraints and a window without prefill capacity. Its score is recomputed from the window.
+    study = TunerStudy(":memory:", "ns/demo", SPACE, SLO, "goodput", seed=0)
+    old = window(Knobs(128, 128)).to_dict()
+    old.update(requests=150, goodput=2.5)
+    del old["prefill_capacity"]
+    study.enqueue(Knobs(128, 128), "t")
+    trial, _ = study.ask()
+    trial.set_user_attr("window", old)
+    trial.set_user_attr("token_budget", 128)
+    trial.set_user_attr("max_chunk", 128)
+    trial.set_user_attr("constraints", [-0.5, -0.16, -0.1])
+    study.study.tell(trial, 1.25)
+    study.enqueue(Knobs(64, 64), "t")
+    trial, _ = study.ask()
+    study.tell(trial, Window(**{**window(Knobs(64, 64)).to_dict(), "prefill_capacity": 5000}))
+    by_knobs = {m.knobs: m for m in study.measured()}
+    assert by_knobs[Knobs(128, 128)].objective == pytest.approx(1.0)  # shrunk towards the median of 1.0 and 1.0
+    assert all(m.feasible for m in by_knobs.values())
+    trial, _ = study.ask()  # constrained TPE accepts the mixed constraint lengths
+    assert trial.number == 2
 
 
 def test_it_finds_the_feasible_region_and_then_holds_it():

@@ -188,9 +188,9 @@ class AsyncEngine:
         m, eng = self.metrics, self.engine
         if eng.last_step.num_tokens:
             m.iteration_tokens.observe(eng.last_step.num_tokens)
-        if eng.last_step.prefill_pending:
+        if eng.last_step.num_prefill_tokens:  # prefill is busy exactly while steps compute prompt tokens
             m.prefill_busy.inc(seconds)
-        m.prefill_computed.inc(eng.last_step.num_prefill_tokens)
+            m.prefill_computed.inc(eng.last_step.num_prefill_tokens)
         bm = eng.block_manager
         q, h = bm.prefix_queries, bm.prefix_hits
         m.prefix_queries.inc(q - self._prefix_seen[0])

@@ -45,7 +45,6 @@ class StepStats:
     num_prefill_tokens: int = 0
     seconds: float = 0.0
     preempted: list[str] = field(default_factory=list)
-    prefill_pending: bool = False  # prompt work was pending: the step carried prompt tokens or left requests waiting
 
 
 def resolve_device(name: str) -> torch.device:
@@ -210,8 +209,7 @@ class LLMEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_step = StepStats(
-            sched.num_tokens, sched.num_decodes, sched.num_prefill_tokens, time.perf_counter() - t0, sched.preempted,
-            sched.prefill_pending,
+            sched.num_tokens, sched.num_decodes, sched.num_prefill_tokens, time.perf_counter() - t0, sched.preempted
         )
         for seq in self.scheduler.update(sched, result):
             outputs.append(self._advance(seq, result.logprobs.get(seq.request_id)))

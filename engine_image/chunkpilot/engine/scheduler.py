@@ -36,7 +36,6 @@ class SchedulerOutput:
     knobs: SchedulerKnobs
     num_decodes: int = 0
     preempted: list[str] = field(default_factory=list)
-    prefill_pending: bool = False  # the step carries prompt tokens or leaves requests waiting (prefill is busy)
 
     @property
     def num_tokens(self) -> int:
@@ -152,7 +151,6 @@ class Scheduler:
         #    Preempting the newest guarantees the oldest can finish (the pool holds one max-length sequence).
         if not out.chunks and self.running and len(self.running) > 1:
             self._preempt(self.running[-1], out)
-        out.prefill_pending = out.num_prefill_tokens > 0 or bool(self.waiting)
         return out
 
     def update(self, sched: SchedulerOutput, result: RunnerOutput) -> list[Sequence]:

@@ -159,7 +159,9 @@ class KnobsMeasurement(_Model):
     objective: float | None = Field(None, description="Objective value measured.")
     ttft_seconds: float | None = Field(None, alias="ttftSeconds", description="Measured TTFT at the SLO percentile.")
     itl_seconds: float | None = Field(None, alias="itlSeconds", description="Measured ITL at the SLO percentile.")
-    feasible: bool | None = Field(None, description="Whether the SLOs were met.")
+    feasible: bool | None = Field(None, description="The tuner's judgement: every SLO met within its margin (90 % of "
+                                  "each threshold), the queue keeping up, and prompt demand within 80 % of the "
+                                  "prefill capacity. The SLOMet condition judges the SLOs themselves.")
 
 
 class TuningStatus(_Model):

@@ -231,12 +231,14 @@ class TunerLoop:
             waited += self.s.poll
 
     def _record(self, knobs: Knobs, window: Window, kind: str) -> None:
+        ok = feasible(window, self.slo, self.study.reference_demand([window.to_dict()]))
         self.state.current = knobs
         self.state.current_window = window
+        self.state.current_feasible = ok
         self.state.recorded += 1
         del self.state.history[:-999]  # the local report needs the recent past, not an unbounded list
         self.state.history.append({"epoch": self.study.epoch, "kind": kind, "token_budget": knobs.token_budget,
-                                   "max_chunk": knobs.max_chunk, "feasible": feasible(window, self.slo),
+                                   "max_chunk": knobs.max_chunk, "feasible": ok,
                                    **window.to_dict()})
 
 

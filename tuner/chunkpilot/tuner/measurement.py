@@ -34,7 +34,9 @@ class Window:
     mean_prompt_tokens: float = 0.0
     mean_output_tokens: float = 0.0
     backlog_growth: float = 0.0  # requests/s by which the requests in the system (waiting + running) grew
-    prefill_capacity: float | None = None  # prompt tokens/s computed while prompt work was pending (None: unknown)
+    # prompt tokens/s the engines get through while prefill is busy (computed + found in the prefix cache, per
+    # busy second, times the pods); None when unknown (no prompt work in the window, or engines without it)
+    prefill_capacity: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,9 +95,16 @@ def constraints(w: Window, slo: SLOTargets, demand: float | None = None) -> list
     compares them by position."""
     out = latency_constraints(w, slo, LATENCY_MARGIN)
     out.append(w.backlog_growth / w.request_rate - MAX_BACKLOG_SHARE if w.request_rate > 0 else 0.0)
-    demand = prompt_demand(w) if demand is None else demand
-    out.append(demand / w.prefill_capacity / MAX_PREFILL_UTILIZATION - 1.0 if w.prefill_capacity else 0.0)
+    out.append(headroom_constraint(w, prompt_demand(w) if demand is None else demand))
     return out
+
+
+def headroom_constraint(w: Window, demand: float) -> float:
+    if w.prefill_capacity is None:
+        return 0.0  # engines that do not export the counters: not judged
+    if w.prefill_capacity <= 0:  # busy, yet no prompt token got through (the budget all went to decodes)
+        return 1.0 if demand > 0 else 0.0
+    return demand / w.prefill_capacity / MAX_PREFILL_UTILIZATION - 1.0
 
 
 def latency_constraints(w: Window, slo: SLOTargets, margin: float = 1.0) -> list[float]:
@@ -115,8 +124,8 @@ def slo_met(w: Window, slo: SLOTargets) -> bool:
     return all(c <= 0 for c in latency_constraints(w, slo))
 
 
-def feasible(w: Window, slo: SLOTargets) -> bool:
-    return all(c <= 0 for c in constraints(w, slo))
+def feasible(w: Window, slo: SLOTargets, demand: float | None = None) -> bool:
+    return all(c <= 0 for c in constraints(w, slo, demand))
 
 
 def wide_breach(w: Window, slo: SLOTargets, factor: float) -> bool:

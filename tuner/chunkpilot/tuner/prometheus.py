@@ -139,13 +139,14 @@ class PrometheusMeasurer:
             share *= fraction_below(self._buckets(m.TTFT, seconds), self.slo.ttft.threshold) or 0.0
         if self.slo.itl:
             share *= fraction_below(self._buckets(m.ITL, seconds), self.slo.itl.threshold) or 0.0
-        # Prefill capacity of the deployment: each pod computes (its computed prompt tokens / its busy seconds)
-        # tokens/s while prompt work is pending; pods share the load, so the deployment's capacity is the pods'
-        # mean rate times their number. None when no pod had prompt work (or the engines predate the metric).
+        # Prefill capacity of the deployment: the prompt tokens a pod gets through per busy second (computed, plus
+        # those found in the prefix cache: demand counts whole prompts too) times the pods that report it over
+        # the same window. None when no pod was busy with prompts (or the engines predate the metric).
         busy = src.scalar(rate_query(m.PREFILL_BUSY_SECONDS, sel, seconds))
-        computed = src.scalar(rate_query(m.PREFILL_COMPUTED_TOKENS, sel, seconds))
-        pods = src.scalar(f"count({m.PREFILL_BUSY_SECONDS}{{{sel}}})")
-        capacity = computed / busy * pods if busy and computed and pods else None
+        through = ((src.scalar(rate_query(m.PREFILL_COMPUTED_TOKENS, sel, seconds)) or 0.0)
+                   + (src.scalar(rate_query(m.PREFIX_CACHE_HITS, sel, seconds)) or 0.0))
+        pods = src.scalar(f"count(rate({m.PREFILL_BUSY_SECONDS}{{{sel}}}[{_w(seconds)}]))")
+        capacity = through / busy * pods if busy and pods else None
         return Window(seconds=seconds, requests=int(round(done_rate * seconds)), request_rate=arrivals,
                       output_tokens_per_s=tokens, goodput=done_rate * share, ttft=ttft, itl=itl,
                       mean_prompt_tokens=prompt_mean, mean_output_tokens=output_mean,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field
 
-from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, slo_met
+from chunkpilot.tuner.measurement import SLOTargets, Window, slo_met
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import Measured
 
@@ -23,6 +23,7 @@ class TunerState:
     epoch: int = 0
     current: Knobs | None = None
     current_window: Window | None = None
+    current_feasible: bool | None = None  # the tuner's judgement of that window (margin, keeping up, headroom)
     best: Measured | None = None
     recommendation: Knobs | None = None
     last_change: str | None = None
@@ -50,7 +51,7 @@ def status_tuning(state: TunerState, slo: SLOTargets, objective: str) -> dict:
     if state.current is not None:
         w = state.current_window
         out["current"] = _measurement(state.current, w, objective_value(w, objective) if w else None,
-                                      feasible(w, slo) if w else None)
+                                      state.current_feasible if w else None)
     if state.best is not None:
         out["best"] = _measurement(state.best.knobs, state.best.window, state.best.objective, state.best.feasible)
     if state.recommendation is not None:

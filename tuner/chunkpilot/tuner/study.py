@@ -182,17 +182,24 @@ class TunerStudy:
         # One lucky window must not make a winner: each setting's mean is shrunk towards the median of all
         # windows by one pseudo-window (empirical Bayes), so knobs measured again and again keep their mean and
         # knobs seen once count half.
-        values = sorted(t.value for t in self.completed())
+        # Objectives and constraints are recomputed from the stored windows, so trials told by an older tuner
+        # (other scoring) and by this one are judged alike after an upgrade resumes the study.
+        value = {t.number: self._value_now(t) for t in self.completed()}
+        values = sorted(value.values())
         prior = values[len(values) // 2] if values else 0.0
         demand = self.reference_demand()
         out = []
         for k, ts in groups.items():
             n = len(ts)
             cons = [sum(c) / n for c in zip(*[_constraints_now(t, self.slo, demand) for t in ts])]
-            score = (sum(t.value for t in ts) + SHRINK * prior) / (n + SHRINK)
+            score = (sum(value[t.number] for t in ts) + SHRINK * prior) / (n + SHRINK)
             out.append(Measured(k, score, all(c <= 0 for c in cons), ts[-1].user_attrs.get("window", {}), n,
                                 max(cons, default=0.0)))
         return out
+
+    def _value_now(self, trial: FrozenTrial) -> float:
+        window = trial.user_attrs.get("window")
+        return objective_value(window_of(window), self.objective) if window else trial.value
 
     def reference_demand(self, extra: list[dict] = ()) -> float | None:
         """The epoch's prompt tokens/s arriving, averaged over every window measured in it: a setting's prefill

@@ -37,7 +37,7 @@ class Simulator:
         self._live: dict[str, RequestRecord] = {}
         self._ids = 0
         self.steps = 0
-        # (end, seconds, prompt tokens) of steps with prompt work pending: the engine's prefill_busy counters
+        # (end, seconds, prompt tokens) of steps that computed prompt tokens: the engine's prefill_busy counters
         self.prefill_busy: list[tuple[float, float, int]] = []
 
     # -- knobs --------------------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ class Simulator:
             seconds = self.cost.step_time(feats)
             self.now += seconds
             self.steps += 1
-            if out.prefill_pending:
+            if out.num_prefill_tokens:
                 self.prefill_busy.append((self.now, seconds, out.num_prefill_tokens))
             sampled = {c.seq.request_id: 1000 + (c.start % 1000) for c in out.chunks if c.samples}
             for seq in self.scheduler.update(out, RunnerOutput(sampled=sampled)):
