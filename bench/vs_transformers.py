@@ -57,7 +57,9 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     reqs = prompts(args.requests)
-    llm = LLM(model_dir(), device=args.device, dtype=args.dtype, token_budget=512, max_chunk=512, max_num_seqs=64,
+    # Offline throughput has no inter-token SLO: a budget that takes several whole prompts per step (vLLM's
+    # offline LLM class defaults to 8k-16k batched tokens). 2048 against 512 here: 96 -> 71 steps, +8 % tokens/s.
+    llm = LLM(model_dir(), device=args.device, dtype=args.dtype, token_budget=2048, max_chunk=2048, max_num_seqs=64,
               max_model_len=1024)
     dev, dtype = llm.engine.device, llm.engine.dtype
     engine_tps(llm, reqs[:4], 4)  # warm-up
