@@ -251,6 +251,24 @@ def test_metrics_parse_and_cover_every_name(server, client, tmp_path):
     assert m[names.PREFILL_COMPUTED_TOKENS] >= 1 and m[names.PREFILL_BUSY_SECONDS] > 0
 
 
+def test_prefill_counters_count_prompt_tokens_only(server, client):
+    # The tuner's capacity is (computed + prefix hits) / busy seconds: the decode steps of a long completion must
+    # add neither tokens nor busy time, and every prompt token is either computed or found in the prefix cache.
+    def counters():
+        m = server.metrics()
+        return (m[names.PREFILL_COMPUTED_TOKENS] + m[names.PREFIX_CACHE_HITS], m[names.PREFILL_BUSY_SECONDS])
+
+    through0, busy0 = counters()
+    out = client.completions.create(model="smollm2", prompt="The counters of a tiny test", max_tokens=1)
+    through1, busy1 = counters()
+    assert through1 - through0 == out.usage.prompt_tokens and busy1 > busy0
+    out = client.completions.create(model="smollm2", prompt="Count me once more, please", max_tokens=24,
+                                    extra_body={"ignore_eos": True})
+    through2, busy2 = counters()
+    assert through2 - through1 == out.usage.prompt_tokens
+    assert busy2 - busy1 <= 10 * (busy1 - busy0)  # one prompt step, not 25 steps with the decodes
+
+
 # promtool's linter reserves ':' for recording rules and wants `_total` only on counters. Our names are the
 # vLLM names under the `chunkpilot:` prefix (DESIGN.md's contract: dashboards written for vLLM keep working), so
 # exactly these two findings are expected; anything else is a real problem.

@@ -8,7 +8,7 @@ from chunkpilot.tuner.loop import MeasurementUnavailable, TunerLoop, TunerSettin
 from chunkpilot.tuner.measurement import (LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, LatencyTarget, SLOTargets,
                                           Window, constraints, feasible, load_shift, objective_value, slo_met,
                                           wide_breach)
-from chunkpilot.tuner.state import TunerState, conditions
+from chunkpilot.tuner.state import TunerState, conditions, status_tuning
 from chunkpilot.tuner.space import Knobs, SearchSpace, log_grid
 from chunkpilot.tuner.study import TunerStudy
 
@@ -143,6 +143,31 @@ def test_capacity_is_judged_against_the_epochs_load_not_a_quiet_window():
     by_knobs = {m.knobs: m for m in study.measured()}
     assert not by_knobs[small].feasible and by_knobs[large].feasible
     assert study.best().knobs == large
+
+
+def test_status_judges_a_quiet_window_against_the_epochs_load():
+    # The engines get 1000 prompt tokens/s through at any knobs. Three busy minutes bring 1000 tokens/s each (over
+    # the 0.8 headroom), then a quiet one 250: on its own that minute looks fine; against the epoch's mean
+    # (812.5 tokens/s, each window counted once) it is not.
+    class Loaded(Fake):
+        def measure(self, seconds):
+            return Window(**{**super().measure(seconds).to_dict(), "prefill_capacity": 1000})
+
+    fake = Loaded(start=Knobs(128, 128))
+    loop, study = make(fake)
+    for _ in range(3):
+        study.enqueue(Knobs(128, 128), "t")  # knobs within the latency SLOs: only the headroom is in question
+        loop.iterate()
+        assert loop.state.current_feasible is False and loop.state.history[-1]["feasible"] is False
+    fake.rate = 0.5
+    study.enqueue(Knobs(128, 128), "t")
+    loop.iterate()
+    quiet = loop.state.current_window
+    assert feasible(quiet, SLO)  # against its own demand
+    assert study.reference_demand() == pytest.approx(812.5)
+    assert loop.state.current_feasible is False and loop.state.history[-1]["feasible"] is False
+    assert status_tuning(loop.state, SLO, "goodput")["current"]["feasible"] is False
+    assert next(c for c in conditions(loop.state, SLO) if c["type"] == "SLOMet")["status"] == "True"
 
 
 def test_trials_told_by_an_older_tuner_are_scored_as_this_one_scores():

@@ -116,7 +116,8 @@ class EngineMetrics:
         self.preemptions = counter(PREEMPTIONS, "Sequences preempted (to be recomputed).")
         self.prefix_queries = counter(PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter(PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.")
-        # The tuner's prefill headroom: computed tokens / busy seconds is the prompt tokens/s the knobs allow.
+        # The tuner's prefill headroom: (computed tokens + prefix-cache hits) / busy seconds is the prompt tokens/s
+        # the knobs let through.
         self.prefill_busy = counter(PREFILL_BUSY_SECONDS, "Engine loop time in steps that computed prompt tokens.")
         self.prefill_computed = counter(PREFILL_COMPUTED_TOKENS, "Prompt tokens computed by the model (prefix-cache "
                                         "hits excluded, recomputation after preemption included).")

@@ -231,7 +231,9 @@ class TunerLoop:
             waited += self.s.poll
 
     def _record(self, knobs: Knobs, window: Window, kind: str) -> None:
-        ok = feasible(window, self.slo, self.study.reference_demand([window.to_dict()]))
+        # judged as best() judges (against the epoch's load); a window told as a trial is in that load already
+        extra = [] if kind in _TOLD else [window.to_dict()]
+        ok = feasible(window, self.slo, self.study.reference_demand(extra))
         self.state.current = knobs
         self.state.current_window = window
         self.state.current_feasible = ok
@@ -240,6 +242,9 @@ class TunerLoop:
         self.state.history.append({"epoch": self.study.epoch, "kind": kind, "token_budget": knobs.token_budget,
                                    "max_chunk": knobs.max_chunk, "feasible": ok,
                                    **window.to_dict()})
+
+
+_TOLD = ("complete", "cut", "observed")  # _record kinds whose window the study already holds as a trial
 
 
 def _load(window: dict) -> tuple[float, float, float]:

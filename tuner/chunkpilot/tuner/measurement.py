@@ -66,7 +66,7 @@ def objective_value(w: Window, objective: str) -> float:
 # lower than the p99 over ten minutes (the bursts that make the tail fall into few windows), so knobs measured
 # just inside the SLO - 128/64 at 0.23-0.24 s against 0.25 s - breach it over a longer run (0.26 s). On the
 # simulator (six scenarios x 30 seeds, README) the margin lifted the runs within 95 % of the grid best from 147
-# to 154 of 180 (0.95 did as well as 0.9 without it: 151). Status and alerts (SLOMet) judge the SLO itself.
+# to 154 of 180 (a margin of 0.95: 151). Status and alerts (SLOMet) judge the SLO itself.
 LATENCY_MARGIN = 0.9
 
 # The implicit SLOs: knobs that cannot keep up with the load look fine in a short window (the queue is still
@@ -74,7 +74,7 @@ LATENCY_MARGIN = 0.9
 # * A queue that grew by more than this share of the window's arrivals counts as a violation.
 MAX_BACKLOG_SHARE = 0.1
 # * Prefill headroom: prompt tokens arriving per second against the prompt tokens per second the knobs let the
-#   engine compute while prompt work is pending (`Window.prefill_capacity`). That ratio is the prefill queue's
+#   engines get through while they compute prompts (`Window.prefill_capacity`). That ratio is the prefill queue's
 #   utilization, and waiting time grows like u / (1 - u) - steeply with 2k-8k-token prompts mixed into chat.
 #   Without it ~1 seed in 30 settled on 32/32, which keeps up with a quiet minute and builds a minute of TTFT
 #   over ten. Capacity depends on the knobs and the decode mix, not on how busy the window was, so it is judged
@@ -102,7 +102,7 @@ def constraints(w: Window, slo: SLOTargets, demand: float | None = None) -> list
 def headroom_constraint(w: Window, demand: float) -> float:
     if w.prefill_capacity is None:
         return 0.0  # engines that do not export the counters: not judged
-    if w.prefill_capacity <= 0:  # busy, yet no prompt token got through (the budget all went to decodes)
+    if w.prefill_capacity <= 0:  # prompts arrive and none gets through
         return 1.0 if demand > 0 else 0.0
     return demand / w.prefill_capacity / MAX_PREFILL_UTILIZATION - 1.0
 

@@ -175,8 +175,9 @@ class TunerStudy:
     def measured(self) -> list[Measured]:
         """Completed trials grouped by knobs: mean objective, feasible when the mean constraints are. Averaging
         the incumbent's repeated windows is what makes comparisons fair when the load drifts a little."""
+        completed = self.completed()
         groups: dict[Knobs, list[FrozenTrial]] = {}
-        for t in self.completed():
+        for t in completed:
             k = Knobs(t.user_attrs["token_budget"], t.user_attrs["max_chunk"])
             groups.setdefault(k, []).append(t)
         # One lucky window must not make a winner: each setting's mean is shrunk towards the median of all
@@ -184,10 +185,10 @@ class TunerStudy:
         # knobs seen once count half.
         # Objectives and constraints are recomputed from the stored windows, so trials told by an older tuner
         # (other scoring) and by this one are judged alike after an upgrade resumes the study.
-        value = {t.number: self._value_now(t) for t in self.completed()}
+        value = {t.number: self._value_now(t) for t in completed}
         values = sorted(value.values())
         prior = values[len(values) // 2] if values else 0.0
-        demand = self.reference_demand()
+        demand = self.reference_demand(trials=completed)
         out = []
         for k, ts in groups.items():
             n = len(ts)
@@ -201,11 +202,12 @@ class TunerStudy:
         window = trial.user_attrs.get("window")
         return objective_value(window_of(window), self.objective) if window else trial.value
 
-    def reference_demand(self, extra: list[dict] = ()) -> float | None:
-        """The epoch's prompt tokens/s arriving, averaged over every window measured in it: a setting's prefill
-        capacity is judged against the load the deployment carries, not the load its own window happened to see
-        (a quiet minute makes any budget look big enough)."""
-        demands = [prompt_demand(window_of(w)) for w in [t.user_attrs.get("window") for t in self.completed()]
+    def reference_demand(self, extra: list[dict] = (), trials: list[FrozenTrial] | None = None) -> float | None:
+        """The epoch's prompt tokens/s arriving, averaged over every window measured in it (plus `extra`
+        windows): a setting's prefill capacity is judged against the load the deployment carries, not the load
+        its own window happened to see (a quiet minute makes any budget look big enough)."""
+        trials = self.completed() if trials is None else trials
+        demands = [prompt_demand(window_of(w)) for w in [t.user_attrs.get("window") for t in trials]
                    + list(extra) if w]
         demands = [d for d in demands if d > 0]
         return sum(demands) / len(demands) if demands else None

@@ -137,7 +137,7 @@ class Simulator:
             mean_prompt_tokens=float(np.mean([p for p, _ in arrived])) if arrived else 0.0,
             mean_output_tokens=float(np.mean([o for _, o in arrived])) if arrived else 0.0,
             backlog_growth=(in_system[1] - in_system[0]) / seconds,
-            prefill_capacity=_ratio(sum(n for end, _, n in busy), sum(d for _, d, _ in busy)),
+            prefill_capacity=sum(n for _, _, n in busy) / sum(d for _, d, _ in busy) if busy else None,
         )
 
 
@@ -167,7 +167,3 @@ class SimActuator:
 
     def current(self) -> Knobs:
         return self.sim.knobs
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b > 0 else None
