@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Debian packages the tests use: prometheus (the server and promtool). Installed with apt when running as root;
+# Debian packages the tests use: prometheus (the server and promtool) and etcd-server (the store of the real
+# kube-apiserver the operator and tuner tests run against). Installed with apt when running as root;
 # otherwise says what to run (tests then skip locally, and fail under CI=true, where tools must be present).
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing Debian packages: ${missing[*]}" >&2

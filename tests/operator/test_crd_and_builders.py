@@ -202,3 +202,13 @@ def test_operator_cli_rejects_bad_settings_before_connecting(args, words):
 
     res = CliRunner().invoke(app, ["operator", "run", *args])
     assert res.exit_code == 2 and words in res.output
+
+
+def test_watch_timeout_is_whole_seconds():
+    """kopf sends settings.watching.server_timeout as the watch's `timeoutSeconds`; a real API server parses it as
+    an integer and refuses "300.0" with 400, so no watch would ever start (the emulator accepted it)."""
+    from chunkpilot.operator.handlers import OperatorConfig, kopf_settings
+
+    w = kopf_settings(OperatorConfig()).watching
+    assert type(w.server_timeout) is int and w.server_timeout == 300
+    assert type(w.client_timeout) is int

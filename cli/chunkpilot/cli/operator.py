@@ -32,8 +32,8 @@ def run(
     priority: int = typer.Option(0, envvar="CHUNKPILOT_OPERATOR_PRIORITY", help="This replica's peering priority."),
     liveness: str = typer.Option("http://0.0.0.0:8080/healthz", envvar="CHUNKPILOT_OPERATOR_LIVENESS",
                                  help="kopf liveness endpoint for the pod's livenessProbe ('' disables it)."),
-    resync: float = typer.Option(300.0, envvar="CHUNKPILOT_OPERATOR_RESYNC_SECONDS",
-                                 help="Every object is re-checked at least this often (watch re-list)."),
+    resync: int = typer.Option(300, envvar="CHUNKPILOT_OPERATOR_RESYNC_SECONDS",
+                                 help="Every object is re-checked at least this often, in whole seconds (watch re-list)."),
     workers: int = typer.Option(16, envvar="CHUNKPILOT_OPERATOR_WORKERS", help="Threads for reconcile passes."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ) -> None:

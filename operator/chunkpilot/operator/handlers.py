@@ -37,7 +37,7 @@ class OperatorConfig:
     peering: str | None = None  # None: standalone (one replica); a name: kopf peering among replicas
     priority: int = 0
     liveness: str | None = "http://0.0.0.0:8080/healthz"
-    resync_seconds: float = 300.0
+    resync_seconds: int = 300
     workers: int = 16
 
 
@@ -48,8 +48,10 @@ def kopf_process(config: OperatorConfig) -> KopfProcess:
 
 def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings = kopf_process(config).settings()
-    settings.watching.server_timeout = config.resync_seconds  # each reconnect re-lists: the periodic resync
-    settings.watching.client_timeout = config.resync_seconds + 30
+    # Each reconnect re-lists: the periodic resync. kopf sends this as the watch's `timeoutSeconds`, which a real
+    # API server parses as an integer: "300.0" is refused with 400 and nothing is ever watched.
+    settings.watching.server_timeout = int(config.resync_seconds)
+    settings.watching.client_timeout = int(config.resync_seconds) + 30
     return settings
 
 
