@@ -33,6 +33,7 @@ def test_wheel_holds_every_part_and_no_namespace_init(wheel):
     assert "chunkpilot/cli/main.py" in names
     assert "chunkpilot/loadgen/runner.py" in names
     assert "chunkpilot/api/types.py" in names and "chunkpilot/operator/builders.py" in names
+    assert "chunkpilot/kube/client.py" in names and "chunkpilot/kube/kopf_process.py" in names
     assert "chunkpilot/tuner/loop.py" in names and "chunkpilot/tuner/sim/cost_smollm2_cpu.json" in names
     assert "chunkpilot/__init__.py" not in names  # PEP 420 namespace
 
@@ -41,7 +42,7 @@ def test_wheel_imports_without_the_source_tree(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(tmp_path)
     code = (
         "import sys; sys.path[:] = [p for p in sys.path if p not in %r]; sys.path.insert(0, %r);"
-        "import chunkpilot.engine, chunkpilot.cli.main, chunkpilot.loadgen, chunkpilot.api, chunkpilot.operator.handlers, chunkpilot.tuner.daemon;"
+        "import chunkpilot.engine, chunkpilot.cli.main, chunkpilot.loadgen, chunkpilot.api, chunkpilot.kube.client, chunkpilot.operator.handlers, chunkpilot.tuner.daemon;"
         "assert chunkpilot.engine.__file__.startswith(%r), chunkpilot.engine.__file__;"
         "from chunkpilot.engine import LLM, SamplingParams; print('ok')"
     ) % ([str(ROOT / d) for d in ("engine_image", "cli", "loadgen", "operator", "tuner")] + ["", str(ROOT)], str(tmp_path),
@@ -95,3 +96,30 @@ def test_engine_generate_command(smollm2_dir):
 def test_engine_generate_reports_bad_input(smollm2_dir):
     res = CliRunner().invoke(app, ["engine", "generate", "--model", smollm2_dir, "--top-p", "2", "Hello"])
     assert res.exit_code == 2 and "top_p must be in (0, 1]" in res.output
+
+
+def test_operator_and_tuner_are_siblings_on_one_ground_floor():
+    """Both stand on chunkpilot.api and chunkpilot.kube; neither imports the other (so one can change without
+    breaking the other's image), and the ground floor imports neither."""
+    import ast
+
+    def imported(folder: Path) -> set[str]:
+        out = set()
+        for path in folder.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    out.add(node.module)
+                elif isinstance(node, ast.Import):
+                    out |= {a.name for a in node.names}
+        return out
+
+    def within(mods: set[str], package: str) -> set[str]:
+        return {m for m in mods if m == package or m.startswith(package + ".")}
+
+    tuner = imported(ROOT / "tuner" / "chunkpilot" / "tuner")
+    operator = imported(ROOT / "operator" / "chunkpilot" / "operator")
+    floor = imported(ROOT / "operator" / "chunkpilot" / "kube")
+    assert not within(tuner, "chunkpilot.operator"), within(tuner, "chunkpilot.operator")
+    assert not within(operator, "chunkpilot.tuner"), within(operator, "chunkpilot.tuner")
+    assert not within(floor, "chunkpilot.operator") | within(floor, "chunkpilot.tuner")
+    assert within(tuner, "chunkpilot.kube") and within(operator, "chunkpilot.kube")

@@ -7,10 +7,11 @@ import copy
 import pytest
 from pydantic import ValidationError
 
-from chunkpilot.api.types import InferenceDeploymentSpec, SchedulerStatus
+from chunkpilot.api.types import Condition, InferenceDeploymentSpec, SchedulerStatus
+from chunkpilot.kube.conditions import merge_conditions
 from chunkpilot.operator import builders
 from chunkpilot.operator.apply import APPLIED_HASH, is_subset, plan, with_hash
-from chunkpilot.operator.conditions import Problem, deployment_conditions, merge_conditions, status_patch
+from chunkpilot.operator.conditions import Problem, deployment_conditions, status_patch
 from chunkpilot.operator.reconciler import spec_error_message
 
 from .test_crd_and_builders import SMOL, load
@@ -66,34 +67,34 @@ def test_knob_generation_moves_only_when_the_values_do():
 
 def test_conditions_follow_a_rollout():
     gen = 3
-    assert [c["reason"] for c in deployment_conditions(None, 2, gen, None)] == ["NotCreated", "NotCreated",
+    assert [c.reason for c in deployment_conditions(None, 2, gen, None)] == ["NotCreated", "NotCreated",
                                                                                  "AsExpected"]
     rolling = {"metadata": {"generation": 4}, "status": {"observedGeneration": 4, "replicas": 3, "updatedReplicas": 1,
                                                          "readyReplicas": 2}}
     ready, prog, deg = deployment_conditions(rolling, 2, gen, None)
-    assert (ready["status"], prog["status"], prog["reason"], deg["status"]) == ("True", "True", "RollingOut", "False")
+    assert (ready.status, prog.status, prog.reason, deg.status) == ("True", "True", "RollingOut", "False")
     done = {"metadata": {"generation": 4}, "status": {"observedGeneration": 4, "replicas": 2, "updatedReplicas": 2,
                                                       "readyReplicas": 2}}
-    assert [c["reason"] for c in deployment_conditions(done, 2, gen, None)] == ["AllReplicasReady", "RolloutComplete",
+    assert [c.reason for c in deployment_conditions(done, 2, gen, None)] == ["AllReplicasReady", "RolloutComplete",
                                                                                 "AsExpected"]
     quota = {**done, "status": {**done["status"], "conditions": [
         {"type": "ReplicaFailure", "status": "True", "message": "exceeded quota: gpu"}]}}
-    assert deployment_conditions(quota, 2, gen, None)[2]["message"] == "exceeded quota: gpu"
+    assert deployment_conditions(quota, 2, gen, None)[2].message == "exceeded quota: gpu"
     bad = deployment_conditions(done, 2, gen, Problem("InvalidSpec", "spec.x: fix it"))
-    assert (bad[0]["status"], bad[2]["status"], bad[2]["reason"]) == ("True", "True", "InvalidSpec")
+    assert (bad[0].status, bad[2].status, bad[2].reason) == ("True", "True", "InvalidSpec")
 
 
 def test_merge_keeps_the_tuners_conditions_and_transition_times():
     old = [{"type": "Ready", "status": "False", "lastTransitionTime": "t0"},
            {"type": "Tuning", "status": "True", "reason": "Exploring", "lastTransitionTime": "t0"}]
-    new = [{"type": "Ready", "status": "False", "reason": "ReplicasNotReady", "message": "0/1"},
-           {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": ""}]
+    new = [Condition(type="Ready", status="False", reason="ReplicasNotReady", message="0/1"),
+           Condition(type="Degraded", status="False", reason="AsExpected")]
     merged = merge_conditions(old, new, "t1")
     by = {c["type"]: c for c in merged}
     assert by["Ready"]["lastTransitionTime"] == "t0"  # same status: the transition time stays
     assert by["Degraded"]["lastTransitionTime"] == "t1"
     assert by["Tuning"]["reason"] == "Exploring"
-    flipped = merge_conditions(merged, [{**new[0], "status": "True"}], "t2")
+    flipped = merge_conditions(merged, [new[0].model_copy(update={"status": "True"})], "t2")
     assert {c["type"]: c for c in flipped}["Ready"]["lastTransitionTime"] == "t2"
 
 

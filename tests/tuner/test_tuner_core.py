@@ -108,8 +108,8 @@ def test_the_tuner_keeps_a_margin_that_the_slo_status_does_not():
     assert not wide_breach(Window(**{**near.to_dict(), "itl": 0.19}), SLO, 2.0)  # the cut uses the SLO itself
     assert wide_breach(Window(**{**near.to_dict(), "itl": 0.21}), SLO, 2.0)
     state = TunerState(mode="auto", current_window=near)
-    slo_cond = next(c for c in conditions(state, SLO) if c["type"] == "SLOMet")
-    assert slo_cond["status"] == "True" and "ITL p99 0.095s (SLO 0.1s)" in slo_cond["message"]
+    slo_cond = next(c for c in conditions(state, SLO) if c.type == "SLOMet")
+    assert slo_cond.status == "True" and "ITL p99 0.095s (SLO 0.1s)" in slo_cond.message
 
 
 def test_prefill_headroom_is_demand_against_capacity():
@@ -166,8 +166,8 @@ def test_status_judges_a_quiet_window_against_the_epochs_load():
     assert feasible(quiet, SLO)  # against its own demand
     assert study.reference_demand() == pytest.approx(812.5)
     assert loop.state.current_feasible is False and loop.state.history[-1]["feasible"] is False
-    assert status_tuning(loop.state, SLO, "goodput")["current"]["feasible"] is False
-    assert next(c for c in conditions(loop.state, SLO) if c["type"] == "SLOMet")["status"] == "True"
+    assert status_tuning(loop.state, SLO, "goodput").current.feasible is False
+    assert next(c for c in conditions(loop.state, SLO) if c.type == "SLOMet").status == "True"
 
 
 def test_trials_told_by_an_older_tuner_are_scored_as_this_one_scores():

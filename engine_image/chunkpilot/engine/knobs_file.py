@@ -1,4 +1,5 @@
-"""Watch the knobs file and apply valid changes at the next step boundary.
+"""The knobs file: its one reader and writer (the engine watches it; the operator's ConfigMap and the local tuner
+write it with `dumps_knobs`), and the watcher that applies valid changes at the next step boundary.
 
 In a pod the file is a ConfigMap volume: the kubelet writes a new timestamped folder and swaps the `..data`
 symlink, so the path's inode and mtime may not change the way an editor's save does, and inotify on the file
@@ -39,12 +40,16 @@ def parse_knobs(data: bytes | str) -> SchedulerKnobs:
     return SchedulerKnobs(obj["token_budget"], obj["max_chunk"], obj["generation"])
 
 
+def dumps_knobs(knobs: SchedulerKnobs) -> str:
+    """The file's content for `knobs` (keys sorted, so the same knobs always give the same bytes)."""
+    return json.dumps({f: getattr(knobs, f) for f in FIELDS}, sort_keys=True)
+
+
 def write_knobs(path: str | Path, knobs: SchedulerKnobs) -> None:
     """Atomic write (rename), as the local tuner and tests do; readers never see half a file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"token_budget": knobs.token_budget, "max_chunk": knobs.max_chunk,
-                               "generation": knobs.generation}))
+    tmp.write_text(dumps_knobs(knobs))
     tmp.replace(path)
 
 

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 
 from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, SchedulerStatus
+from chunkpilot.engine.knobs import SchedulerKnobs
+from chunkpilot.engine.knobs_file import dumps_knobs
 
 ENGINE_PORT = 8000
 KNOBS_DIR = "/etc/chunkpilot"
@@ -129,9 +131,8 @@ def _container_security() -> dict:
 
 def knobs_configmap(obj: InferenceDeployment) -> dict:
     k = effective_knobs(obj)
-    data = {"token_budget": k.token_budget, "max_chunk": k.max_chunk, "generation": k.generation}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(obj, knobs_configmap_name(obj.metadata["name"])),
-            "data": {KNOBS_FILE: json.dumps(data, sort_keys=True)}}
+            "data": {KNOBS_FILE: dumps_knobs(SchedulerKnobs(k.token_budget, k.max_chunk, k.generation))}}
 
 
 def engine_env(obj: InferenceDeployment, model_path: str,

@@ -1,14 +1,18 @@
 """Pure functions: the owned Deployment's state (and any error) in, the InferenceDeployment's status out.
 
-The operator owns the Ready, Progressing and Degraded conditions; the tuner owns Tuning and SLOMet. Each side
-replaces only its own types so that neither wipes the other's."""
+The operator owns the Ready, Progressing and Degraded conditions; the tuner owns Tuning and SLOMet
+(chunkpilot.kube.conditions merges them so that neither wipes the other's)."""
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 
-OPERATOR_CONDITIONS = ("Ready", "Progressing", "Degraded")
+from chunkpilot.api.types import Condition, InferenceDeploymentStatus, SchedulerStatus
+from chunkpilot.kube.conditions import merge_conditions
+
+# The status fields the operator writes (conditions: Ready, Progressing, Degraded); the tuner writes scheduler
+# (source: tuner), tuning and slo, and the Tuning and SLOMet conditions.
+OPERATOR_STATUS_FIELDS = {"observed_generation", "replicas", "ready_replicas", "selector", "scheduler"}
 
 
 @dataclass(frozen=True)
@@ -19,17 +23,13 @@ class Problem:
     message: str  # says what to change
 
 
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _cond(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> dict:
-    return {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message,
-            "observedGeneration": generation}
+def _cond(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> Condition:
+    return Condition(type=type_, status="True" if ok else "False", reason=reason, message=message,
+                     observed_generation=generation)
 
 
 def deployment_conditions(deploy: dict | None, desired_replicas: int, generation: int | None,
-                          problem: Problem | None) -> list[dict]:
+                          problem: Problem | None) -> list[Condition]:
     """Ready / Progressing / Degraded from the Deployment's status, as `kubectl rollout status` reads it."""
     ds = (deploy or {}).get("status") or {}
     dgen = int((deploy or {}).get("metadata", {}).get("generation") or 0)
@@ -77,38 +77,17 @@ def deployment_conditions(deploy: dict | None, desired_replicas: int, generation
     return [ready_c, prog_c, deg_c]
 
 
-def merge_conditions(old: list[dict], new: list[dict], now: str) -> list[dict]:
-    """Replace the conditions of the types in `new`; keep the others (the tuner's) and keep lastTransitionTime
-    when a condition's status did not change (the Kubernetes convention)."""
-    by_type = {c.get("type"): c for c in old or []}
-    out = [c for c in old or [] if c.get("type") not in {n["type"] for n in new}]
-    for cond in new:
-        prev = by_type.get(cond["type"])
-        same = prev is not None and prev.get("status") == cond["status"]
-        out.append({**cond, "lastTransitionTime": prev.get("lastTransitionTime") if same and prev.get(
-            "lastTransitionTime") else now})
-    order = {t: i for i, t in enumerate(("Ready", "Progressing", "Degraded", "Tuning", "SLOMet"))}
-    return sorted(out, key=lambda c: order.get(c.get("type"), 99))
-
-
 def status_patch(current_status: dict, *, deploy: dict | None, desired_replicas: int, generation: int | None,
-                 selector: str, scheduler: dict | None, problem: Problem | None, now: str) -> dict | None:
-    """The merge patch for `status`, or None when nothing changed (so reconciles that change nothing write
-    nothing: level-triggered without a write loop)."""
+                 selector: str, scheduler: SchedulerStatus | None, problem: Problem | None, now: str) -> dict | None:
+    """The merge patch for `status` (the operator's fields only), or None when nothing changed (so reconciles that
+    change nothing write nothing: level-triggered without a write loop)."""
     ds = (deploy or {}).get("status") or {}
-    want = {
-        "observedGeneration": generation,
-        "replicas": int(ds.get("replicas") or 0),
-        "readyReplicas": int(ds.get("readyReplicas") or 0),
-        "selector": selector,
-        "conditions": merge_conditions(current_status.get("conditions") or [],
-                                       deployment_conditions(deploy, desired_replicas, generation, problem), now),
-    }
-    if scheduler is not None:
-        want["scheduler"] = scheduler
+    conditions = merge_conditions(current_status.get("conditions") or [],
+                                  deployment_conditions(deploy, desired_replicas, generation, problem), now)
+    want = InferenceDeploymentStatus(
+        observed_generation=generation, replicas=int(ds.get("replicas") or 0),
+        ready_replicas=int(ds.get("readyReplicas") or 0), selector=selector, scheduler=scheduler,
+    ).model_dump(by_alias=True, exclude_none=True, include=OPERATOR_STATUS_FIELDS)
+    want["conditions"] = conditions  # merged: the tuner's conditions pass through as they are
     changed = {k: v for k, v in want.items() if current_status.get(k) != v}
     return changed or None
-
-
-def condition(status: dict, type_: str) -> dict | None:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)

@@ -5,8 +5,10 @@ Why event handlers and not kopf's create/update handlers: the knobs live partly 
 diff-base. Triggers:
 * any change of an InferenceDeployment (spec, or the tuner's status.scheduler);
 * any change of a Deployment we own (rollout progress → status; someone edited or deleted it → repaired);
-* every watch reconnect re-lists all objects (settings.watching.server_timeout = resync), so drift in the other
-  children and failed passes are retried at least that often.
+* every `resync` seconds, a pass over every InferenceDeployment seen, so drift in the children we do not watch
+  (someone deleted the ConfigMap or edited the Service) and failed passes are repaired at least that often. A watch
+  reconnect is not enough for that: kopf continues each watch from its last resourceVersion (bookmarks keep it
+  fresh), so the server sends only new events and nothing is re-listed unless the version expired (410).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from dataclasses import dataclass, field
 import kopf
 
 from chunkpilot.api.types import GROUP, KIND, PLURAL, VERSION
+from chunkpilot.kube.client import Kube, load_config
+from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
 from chunkpilot.operator import builders
-from chunkpilot.operator.kopf_process import KopfProcess, with_client_login
-from chunkpilot.operator.kube import Kube
+from chunkpilot.operator.apply import FIELD_MANAGER
 from chunkpilot.operator.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
@@ -48,11 +51,38 @@ def kopf_process(config: OperatorConfig) -> KopfProcess:
 
 def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings = kopf_process(config).settings()
-    # Each reconnect re-lists: the periodic resync. kopf sends this as the watch's `timeoutSeconds`, which a real
-    # API server parses as an integer: "300.0" is refused with 400 and nothing is ever watched.
+    # How long one watch request lasts before kopf reconnects (from its last resourceVersion). kopf sends it as the
+    # watch's `timeoutSeconds`, which a real API server parses as an integer: "300.0" is refused with 400 and
+    # nothing is ever watched.
     settings.watching.server_timeout = int(config.resync_seconds)
     settings.watching.client_timeout = int(config.resync_seconds) + 30
     return settings
+
+
+class Resync:
+    """Every InferenceDeployment the watch has shown, passed again every `interval` seconds from a thread of its
+    own (one at a time: a resync must not crowd out the passes real changes trigger)."""
+
+    def __init__(self, reconciler: Reconciler, interval: float, stopping: threading.Event) -> None:
+        self.reconciler, self.interval, self.stopping = reconciler, interval, stopping
+        self._known: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def seen(self, namespace: str, name: str, deleted: bool) -> None:
+        with self._lock:
+            (self._known.discard if deleted else self._known.add)((namespace, name))
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            with self._lock:
+                keys = sorted(self._known)
+            for namespace, name in keys:
+                if self.stopping.is_set():
+                    return
+                try:
+                    self.reconciler.reconcile_by_name(namespace, name)
+                except Exception:  # noqa: BLE001 - one object's failure must not end the resync of the others
+                    log.exception("resync of %s/%s failed; retried in %ss", namespace, name, self.interval)
 
 
 def build_registry() -> kopf.OperatorRegistry:
@@ -61,6 +91,8 @@ def build_registry() -> kopf.OperatorRegistry:
     # Passes still queued for the thread pool when we stop just return (they are idempotent; see run()).
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     def inference_deployment_changed(event: kopf.RawEvent, memo: kopf.Memo, **_) -> None:
+        meta = event["object"].get("metadata", {})
+        memo.resync.seen(meta.get("namespace", "default"), meta.get("name"), event["type"] == "DELETED")
         if event["type"] == "DELETED" or memo.stopping.is_set():
             return
         memo.reconciler.reconcile(event["object"])
@@ -90,16 +122,16 @@ def run(config: OperatorConfig) -> None:
     """Blocks until SIGINT/SIGTERM. kopf runs in a thread of its own (kopf's documented embedding) so that the
     signal reaches us first: the stop flag makes passes still queued for the thread pool return at once, so a
     pod stops in about a second instead of working through its backlog."""
-    from chunkpilot.operator.kube import load_config
-
     load_config()
     stopping = threading.Event()
-    memo = kopf.Memo(reconciler=Reconciler(Kube(pool_size=config.workers * 2), config.engine, post_event),
-                     stopping=stopping)
+    reconciler = Reconciler(Kube(pool_size=config.workers * 2, field_manager=FIELD_MANAGER), config.engine, post_event)
+    resync = Resync(reconciler, config.resync_seconds, stopping)
+    memo = kopf.Memo(reconciler=reconciler, stopping=stopping, resync=resync)
     def on_signal(signum, _frame) -> None:
         log.info("%s received: finishing the passes in flight and stopping", signal.Signals(signum).name)
         stopping.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=resync.run, name="resync", daemon=True).start()
     kopf_process(config).run(build_registry(), kopf_settings(config), memo, stopping)

@@ -19,9 +19,11 @@ from pydantic import ValidationError
 
 from chunkpilot.api.types import InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus
 from chunkpilot.operator import builders
-from chunkpilot.operator.apply import describe, plan
-from chunkpilot.operator.conditions import Problem, condition, now_rfc3339, status_patch
-from chunkpilot.operator.kube import Kube
+from chunkpilot.engine.knobs_file import parse_knobs
+from chunkpilot.kube.client import Kube
+from chunkpilot.kube.conditions import condition, now_rfc3339
+from chunkpilot.operator.apply import describe, plan, with_hash
+from chunkpilot.operator.conditions import Problem, status_patch
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,7 @@ class Reconciler:
         if obj is not None and out.problem is None:
             knobs = builders.effective_knobs(obj)
             if knobs.source == "spec":  # the tuner writes its own knobs; never overwrite them
-                scheduler = knobs.model_dump(by_alias=True)
+                scheduler = knobs
         spec = raw.get("spec") or {}
         replicas = obj.spec.replicas if obj is not None else int(spec.get("replicas") or 0)
         patch = status_patch(status, deploy=deploy_live, desired_replicas=replicas, generation=meta.get("generation"),
@@ -166,16 +168,16 @@ class Reconciler:
             action = plan(want, live)
             if action == "create":
                 try:
-                    live = self.kube.create(want)
+                    live = self.kube.create(with_hash(want))
                 except ApiException as e:
                     if e.status != 409:  # 409: another pass (or operator replica) created it first
                         raise
-                    live = self.kube.apply(want)
+                    live = self.kube.apply(with_hash(want))
                     action = "apply"
                 self.post_event(raw, "Normal", "Created", f"created {describe(want)}")
             elif action == "apply":
                 before = live
-                live = self.kube.apply(want)
+                live = self.kube.apply(with_hash(want))
                 self._post_update(raw, want, before)
             if action != "none":
                 out.changes.append(f"{action} {describe(want)}")
@@ -201,10 +203,10 @@ class Reconciler:
 
     def _post_update(self, raw: dict, want: dict, before: dict) -> None:
         if want["kind"] == "ConfigMap":
-            knobs = json.loads(want["data"][builders.KNOBS_FILE])
+            knobs = parse_knobs(want["data"][builders.KNOBS_FILE])
             self.post_event(raw, "Normal", "KnobsChanged",
-                            f"token budget {knobs['token_budget']}, max chunk {knobs['max_chunk']} "
-                            f"(generation {knobs['generation']}): the pods apply them in place, no restart")
+                            f"token budget {knobs.token_budget}, max chunk {knobs.max_chunk} "
+                            f"(generation {knobs.generation}): the pods apply them in place, no restart")
         elif want["kind"] == "Deployment" and _template_hash(want) != _template_hash(before):
             self.post_event(raw, "Normal", "RollingUpdate", "the engine image, model, resources or engine settings "
                             "changed: pods are replaced one at a time (maxUnavailable 0)")

@@ -25,17 +25,18 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import GROUP, PLURAL, VERSION, InferenceDeploymentSpec
-from chunkpilot.operator.conditions import merge_conditions
-from chunkpilot.operator.kopf_process import KopfProcess, with_client_login
-from chunkpilot.operator.kube import Kube
+from chunkpilot.api.types import (GROUP, PLURAL, VERSION, Condition, InferenceDeploymentSpec, InferenceDeploymentStatus,
+                                  SchedulerStatus, SLOStatus, TuningStatus)
+from chunkpilot.kube.client import Kube, load_config
+from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
+from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
 from chunkpilot.tuner.config import TuningConfig, build_loop
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.metrics import TunerMetrics
 from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
 from chunkpilot.tuner.space import Knobs
-from chunkpilot.tuner.state import TunerState, conditions, now_rfc3339, status_slo, status_tuning
+from chunkpilot.tuner.state import TunerState, conditions, dump, status_slo, status_tuning
 
 log = logging.getLogger(__name__)
 ANNOTATION_PREFIX = f"tuner.{GROUP}"
@@ -75,12 +76,17 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
 
 
 class StatusWriter:
-    """Read-modify-write of the tuner's part of status, retried on conflicts."""
+    """Read-modify-write of the tuner's part of status (scheduler, tuning, slo, and the Tuning and SLOMet
+    conditions), retried on conflicts. Only the API's status models go in."""
 
     def __init__(self, kube: Kube, namespace: str, name: str) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
 
-    def write(self, part: dict, tuner_conditions: list[dict] | None = None, attempts: int = 5) -> None:
+    def write(self, *, scheduler: SchedulerStatus | None = None, tuning: TuningStatus | None = None,
+              slo: SLOStatus | None = None, tuner_conditions: list[Condition] | None = None,
+              attempts: int = 5) -> None:
+        part = {key: dump(model) for key, model in (("scheduler", scheduler), ("tuning", tuning), ("slo", slo))
+                if model is not None}
         for _ in range(attempts):
             raw = self.kube.read_inference_deployment(self.namespace, self.name)
             if raw is None:
@@ -105,8 +111,8 @@ class StatusActuator:
 
     def apply(self, knobs: Knobs) -> int:
         self._generation += 1
-        self.writer.write({"scheduler": {"tokenBudget": knobs.token_budget, "maxChunk": knobs.max_chunk,
-                                         "source": "tuner", "generation": self._generation}})
+        self.writer.write(scheduler=SchedulerStatus(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk,
+                                                    source="tuner", generation=self._generation))
         self._knobs = knobs
         return self._generation
 
@@ -141,22 +147,25 @@ class StatusPublisher:
 
     def publish(self, state: TunerState) -> None:
         self._events(state)
-        part = {"tuning": status_tuning(state, self.config.slo, self.config.settings.objective)}
-        slo = status_slo(state.current_window, self.config.slo)
-        if slo is not None:
-            part["slo"] = slo
-        self.writer.write(part, conditions(state, self.config.slo))
+        self.writer.write(tuning=status_tuning(state, self.config.slo, self.config.settings.objective),
+                          slo=status_slo(state.current_window, self.config.slo),
+                          tuner_conditions=conditions(state, self.config.slo))
         if self.metrics is not None:
             self.metrics.update(self.writer.namespace, self.writer.name, state, self.config.slo,
                                 self.config.settings.objective)
 
 
 def start_knobs(raw: dict) -> tuple[Knobs, int]:
-    st = (raw.get("status") or {}).get("scheduler") or {}
-    spec = (raw.get("spec") or {}).get("scheduler") or {}
-    budget = st.get("tokenBudget") or spec.get("tokenBudget") or 512
-    chunk = st.get("maxChunk") or spec.get("maxChunk") or 512
-    return Knobs(int(budget), int(chunk)), int(st.get("generation") or 0)
+    """The knobs the pods run now (status.scheduler, else the spec's) and their generation; raises ValidationError
+    on a spec the API types refuse."""
+    spec = InferenceDeploymentSpec.model_validate(raw.get("spec") or {})
+    try:  # status is the controllers' own; one this version cannot read is not the user's spec error
+        st = InferenceDeploymentStatus.model_validate(raw.get("status") or {}).scheduler
+    except ValidationError:
+        st = None
+    if st is not None:
+        return Knobs(st.token_budget, st.max_chunk), st.generation
+    return Knobs(spec.scheduler.token_budget, spec.scheduler.max_chunk), 0
 
 
 def poster(raw: dict):
@@ -184,9 +193,9 @@ def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped) -> None:
         try:
             config = tuning_config(namespace, name, raw.get("spec") or {}, cluster)
         except (ValidationError, ValueError) as e:
-            writer.write({"tuning": {"mode": "off", "phase": "Holding", "reason": str(e)[:1024]}},
-                         [{"type": "Tuning", "status": "False", "reason": "InvalidTuningSpec",
-                           "message": str(e)[:1024]}])
+            writer.write(tuning=TuningStatus(mode="off", phase="Holding", reason=str(e)[:1024]),
+                         tuner_conditions=[Condition(type="Tuning", status="False", reason="InvalidTuningSpec",
+                                                     message=str(e)[:1024])])
             sleep(60)
             continue
         if config != built_for:
@@ -221,8 +230,6 @@ def kopf_process(cluster: ClusterConfig) -> KopfProcess:
 
 def run(cluster: ClusterConfig, metrics: TunerMetrics, stop: threading.Event) -> None:
     """kopf in its own thread (as the operator does) so the CLI's signal handler owns SIGTERM."""
-    from chunkpilot.operator.kube import load_config
-
     load_config()
     process = kopf_process(cluster)
     process.run(build_registry(), process.settings(), kopf.Memo(kube=Kube(), cluster=cluster, metrics=metrics), stop)

@@ -16,7 +16,7 @@ from chunkpilot.tuner.loop import TunerLoop
 from chunkpilot.tuner.metrics import TunerMetrics
 from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
 from chunkpilot.tuner.space import Knobs
-from chunkpilot.tuner.state import TunerState, conditions, status_slo, status_tuning
+from chunkpilot.tuner.state import TunerState, conditions, dump, status_slo, status_tuning
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,10 @@ class FilePublisher:
 
     def publish(self, state: TunerState) -> None:
         s = self.config.settings
-        doc = {"tuning": status_tuning(state, self.config.slo, s.objective),
-               "slo": status_slo(state.current_window, self.config.slo),
-               "conditions": conditions(state, self.config.slo), "history": state.history}
+        slo = status_slo(state.current_window, self.config.slo)
+        doc = {"tuning": dump(status_tuning(state, self.config.slo, s.objective)),
+               "slo": dump(slo) if slo is not None else None,
+               "conditions": [dump(c) for c in conditions(state, self.config.slo)], "history": state.history}
         if self.status_file:
             tmp = self.status_file.with_name(f".{self.status_file.name}.tmp")
             tmp.write_text(json.dumps(doc, indent=1, default=str))

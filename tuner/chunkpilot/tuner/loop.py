@@ -21,7 +21,8 @@ from typing import Protocol
 
 from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
 from chunkpilot.tuner.space import Knobs, SearchSpace
-from chunkpilot.tuner.state import TunerState, now_rfc3339
+from chunkpilot.kube.conditions import now_rfc3339
+from chunkpilot.tuner.state import TunerState
 from chunkpilot.tuner.study import TunerStudy
 
 log = logging.getLogger(__name__)

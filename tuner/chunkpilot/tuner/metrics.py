@@ -52,9 +52,9 @@ class TunerMetrics:
         self._seen[key] = state.recorded
         if state.current_window is not None:
             self.objective.labels(namespace, deployment).set(objective_value(state.current_window, objective))
-            slo_status = status_slo(state.current_window, slo) or {}
-            if "attainment" in slo_status:
-                self.attainment.labels(namespace, deployment).set(slo_status["attainment"])
+            slo_status = status_slo(state.current_window, slo)
+            if slo_status is not None and slo_status.attainment is not None:
+                self.attainment.labels(namespace, deployment).set(slo_status.attainment)
         if state.best is not None:
             self.best.labels(namespace, deployment).set(state.best.objective)
         if state.current is not None:

@@ -1,18 +1,15 @@
 """What the tuner tells the world after every step: turned into `status.tuning`, `status.slo` and the Tuning and
-SLOMet conditions (cluster), a line of log and a JSON file (local), and the tuner's own metrics."""
+SLOMet conditions (cluster), a line of log and a JSON file (local), and the tuner's own metrics. Built as the API's
+own status models (chunkpilot.api), the one owner of those shapes."""
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass, field
 
+from chunkpilot.api.types import Condition, KnobsMeasurement, SLOStatus, TuningStatus
 from chunkpilot.tuner.measurement import SLOTargets, Window, slo_met
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import Measured
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -34,62 +31,57 @@ class TunerState:
 
 
 def _measurement(knobs: Knobs, window: Window | dict | None, objective: float | None,
-                 is_feasible: bool | None) -> dict:
+                 is_feasible: bool | None) -> KnobsMeasurement:
     w = window.to_dict() if isinstance(window, Window) else (window or {})
-    out = {"tokenBudget": knobs.token_budget, "maxChunk": knobs.max_chunk}
-    for key, value in (("objective", objective), ("ttftSeconds", w.get("ttft")), ("itlSeconds", w.get("itl")),
-                       ("feasible", is_feasible)):
-        if value is not None:
-            out[key] = value
-    return out
+    return KnobsMeasurement(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk, objective=objective,
+                            ttft_seconds=w.get("ttft"), itl_seconds=w.get("itl"), feasible=is_feasible)
 
 
-def status_tuning(state: TunerState, slo: SLOTargets, objective: str) -> dict:
+def status_tuning(state: TunerState, slo: SLOTargets, objective: str) -> TuningStatus:
     from chunkpilot.tuner.measurement import objective_value
 
-    out: dict = {"mode": state.mode, "phase": state.phase, "trial": state.trial, "reason": state.reason[:1024]}
+    out = TuningStatus(mode=state.mode, phase=state.phase, trial=state.trial, reason=state.reason[:1024],
+                       last_change=state.last_change or None)
     if state.current is not None:
         w = state.current_window
-        out["current"] = _measurement(state.current, w, objective_value(w, objective) if w else None,
-                                      state.current_feasible if w else None)
+        out.current = _measurement(state.current, w, objective_value(w, objective) if w else None,
+                                   state.current_feasible if w else None)
     if state.best is not None:
-        out["best"] = _measurement(state.best.knobs, state.best.window, state.best.objective, state.best.feasible)
+        out.best = _measurement(state.best.knobs, state.best.window, state.best.objective, state.best.feasible)
     if state.recommendation is not None:
-        out["recommendation"] = _measurement(state.recommendation, None, None, None)
-    if state.last_change:
-        out["lastChange"] = state.last_change
+        out.recommendation = _measurement(state.recommendation, None, None, None)
     return out
 
 
-def status_slo(window: Window | None, slo: SLOTargets) -> dict | None:
+def status_slo(window: Window | None, slo: SLOTargets) -> SLOStatus | None:
     if window is None:
         return None
-    out: dict = {"windowSeconds": int(window.seconds)}
-    if window.ttft is not None:
-        out["ttftSeconds"] = window.ttft
-    if window.itl is not None:
-        out["itlSeconds"] = window.itl
+    out = SLOStatus(window_seconds=int(window.seconds), ttft_seconds=window.ttft, itl_seconds=window.itl)
     if window.request_rate > 0 and window.requests > 0:
         # goodput over completed requests per second = the share of requests within every SLO
         completed_rate = window.requests / window.seconds
-        out["attainment"] = max(0.0, min(1.0, window.goodput / completed_rate))
+        out.attainment = max(0.0, min(1.0, window.goodput / completed_rate))
     return out
 
 
-def conditions(state: TunerState, slo: SLOTargets) -> list[dict]:
-    tuning = {"type": "Tuning", "status": "True" if state.healthy and state.mode != "off" else "False",
-              "reason": state.phase if state.healthy else "MeasurementsUnavailable",
-              "message": state.reason[:1024]}
+def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
+    tuning = Condition(type="Tuning", status="True" if state.healthy and state.mode != "off" else "False",
+                       reason=state.phase if state.healthy else "MeasurementsUnavailable", message=state.reason[:1024])
     w = state.current_window
     if w is None:
-        met = {"type": "SLOMet", "status": "Unknown", "reason": "NotMeasured", "message": "no window measured yet"}
-    else:
-        ok = slo_met(w, slo)
-        parts = []
-        if slo.ttft is not None and w.ttft is not None:
-            parts.append(f"TTFT p{slo.ttft.percentile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
-        if slo.itl is not None and w.itl is not None:
-            parts.append(f"ITL p{slo.itl.percentile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
-        met = {"type": "SLOMet", "status": "True" if ok else "False", "reason": "WithinSLO" if ok else "SLOBreached",
-               "message": ", ".join(parts) or "no latency measured"}
-    return [tuning, met]
+        return [tuning, Condition(type="SLOMet", status="Unknown", reason="NotMeasured",
+                                  message="no window measured yet")]
+    ok = slo_met(w, slo)
+    parts = []
+    if slo.ttft is not None and w.ttft is not None:
+        parts.append(f"TTFT p{slo.ttft.percentile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
+    if slo.itl is not None and w.itl is not None:
+        parts.append(f"ITL p{slo.itl.percentile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
+    return [tuning, Condition(type="SLOMet", status="True" if ok else "False",
+                              reason="WithinSLO" if ok else "SLOBreached",
+                              message=", ".join(parts) or "no latency measured")]
+
+
+def dump(model) -> dict:
+    """A status model as the API (and the local status file) spells it: camelCase, unset fields left out."""
+    return model.model_dump(by_alias=True, exclude_none=True)

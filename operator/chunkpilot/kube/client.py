@@ -1,8 +1,9 @@
-"""The operator's only door to the API server: read, create, server-side apply, patch status, check existence.
+"""The controllers' only door to the API server: read, create, server-side apply, delete, patch status, check
+existence.
 
 Raw JSON in and out (`_preload_content=False`): the builders speak plain dicts, and skipping the client's model
-classes keeps 200 deployments cheap. Every call the operator makes is in this file, which is what the Helm chart's
-RBAC role is checked against."""
+classes keeps 200 deployments cheap. Every call the operator and the tuner make (besides kopf's own watches and
+Events) is in this file; the tests check the Helm chart's RBAC against what they do on a real API server."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import kubernetes
 from kubernetes.client import ApiException
 
 from chunkpilot.api.types import GROUP, PLURAL, VERSION
-from chunkpilot.operator.apply import FIELD_MANAGER, with_hash
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
@@ -45,12 +45,14 @@ def load_config() -> None:
 
 
 class Kube:
-    def __init__(self, api_client: kubernetes.client.ApiClient | None = None, pool_size: int = 32) -> None:
+    def __init__(self, api_client: kubernetes.client.ApiClient | None = None, pool_size: int = 32,
+                 field_manager: str = "chunkpilot") -> None:
         if api_client is None:
             conf = kubernetes.client.Configuration.get_default_copy()
             conf.connection_pool_maxsize = pool_size  # handlers run in a thread pool
             api_client = kubernetes.client.ApiClient(conf)
         self.client = api_client
+        self.field_manager = field_manager  # who owns the fields we set, for server-side apply
         self._apis: dict[str, object] = {}
 
     def _api(self, name: str):
@@ -77,27 +79,25 @@ class Kube:
             raise
 
     def create(self, obj: dict) -> dict:
-        body = with_hash(obj)
         av, kind, ns = obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"]
         if (av, kind) in TYPED:
             t = TYPED[(av, kind)]
             fn = getattr(self._api(t.api), f"create_namespaced_{t.suffix}")
-            return self._json(fn(ns, body, field_manager=FIELD_MANAGER, _preload_content=False))
+            return self._json(fn(ns, obj, field_manager=self.field_manager, _preload_content=False))
         group, version = av.split("/")
         return self._json(self._api("CustomObjectsApi").create_namespaced_custom_object(
-            group, version, ns, CUSTOM[(av, kind)], body, field_manager=FIELD_MANAGER, _preload_content=False))
+            group, version, ns, CUSTOM[(av, kind)], obj, field_manager=self.field_manager, _preload_content=False))
 
     def apply(self, obj: dict) -> dict:
         """Server-side apply as our field manager: fields we stopped setting are removed, others' are kept."""
-        body = with_hash(obj)
         av, kind, ns, name = obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
-        kw = dict(field_manager=FIELD_MANAGER, force=True, _content_type=APPLY, _preload_content=False)
+        kw = dict(field_manager=self.field_manager, force=True, _content_type=APPLY, _preload_content=False)
         if (av, kind) in TYPED:
             t = TYPED[(av, kind)]
-            return self._json(getattr(self._api(t.api), f"patch_namespaced_{t.suffix}")(name, ns, body, **kw))
+            return self._json(getattr(self._api(t.api), f"patch_namespaced_{t.suffix}")(name, ns, obj, **kw))
         group, version = av.split("/")
         return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object(
-            group, version, ns, CUSTOM[(av, kind)], name, body, **kw))
+            group, version, ns, CUSTOM[(av, kind)], name, obj, **kw))
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         try:
