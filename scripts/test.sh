@@ -6,4 +6,5 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/system-deps.sh
 bash scripts/setup.sh
 bash scripts/go-tools.sh
+bash scripts/kube-tools.sh
 exec "${CHUNKPILOT_VENV:-.venv}/bin/python" -m pytest "$@"

@@ -34,3 +34,59 @@ def smollm2_dir():
         if os.environ.get("CI") == "true":
             pytest.fail(str(e))
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory):
+    """A real etcd + kube-apiserver + kube-controller-manager for the whole session (see tests/control_plane.py),
+    with the InferenceDeployment CRD installed."""
+    from pathlib import Path
+
+    import kubernetes
+    import yaml
+
+    from .control_plane import ControlPlane, find_binaries
+
+    found = find_binaries()
+    if isinstance(found, str):
+        if os.environ.get("CI") == "true":
+            pytest.fail(found)
+        pytest.skip(found)
+    with ControlPlane(tmp_path_factory.mktemp("kube"), found) as cp:
+        crd = yaml.safe_load((Path(__file__).parents[1] / "crds" / "inferencedeployments.chunkpilot.io.yaml").read_text())
+        ext = kubernetes.client.ApiextensionsV1Api(cp.api())
+        ext.create_custom_resource_definition(crd)
+        name = crd["metadata"]["name"]
+
+        def established() -> bool:
+            got = ext.read_custom_resource_definition(name)
+            return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
+        from .engine.server_proc import wait_for
+
+        assert wait_for(established, 30, poll=0.2), f"CRD {name} not established"
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def chart_accounts(control_plane, tmp_path_factory):
+    """The chart's ServiceAccounts and RBAC (rendered by `helm template`, applied to the real API server) and a
+    kubeconfig for each, with a token from the TokenRequest API: {"operator": path, "tuner": path}."""
+    import kubernetes
+
+    from .chart.test_chart import docs, render
+
+    api = control_plane.api()
+    kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": CHART_NAMESPACE}})
+    for doc in docs(render()):
+        if doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+            kubernetes.utils.create_from_dict(api, doc, namespace=CHART_NAMESPACE)
+    out = tmp_path_factory.mktemp("accounts")
+    return {c: control_plane.service_account_kubeconfig(CHART_NAMESPACE, f"cp-chunkpilot-{c}", out / f"{c}.kubeconfig")
+            for c in ("operator", "tuner")}
+
+
+CHART_NAMESPACE = "chunkpilot"  # where tests/chart/test_chart.py's `helm template` puts the chart
+
+
+def service_account_user(component: str) -> str:
+    return f"system:serviceaccount:{CHART_NAMESPACE}:cp-chunkpilot-{component}"

@@ -51,11 +51,11 @@ class EngineServer:
         return code
 
 
-def wait_for(cond, timeout: float = 30.0) -> bool:
+def wait_for(cond, timeout: float = 30.0, poll: float = 0.05) -> bool:
     """Poll `cond` until it is true or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return True
-        time.sleep(0.05)
+        time.sleep(poll)
     return False

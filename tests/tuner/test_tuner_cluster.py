@@ -1,33 +1,32 @@
-"""Cluster mode against the emulated API server (see tests/operator/test_operator_kmock.py for why kmock): the
-tuner process finds tuned InferenceDeployments, writes only its part of status, and holds when Prometheus is
-unreachable; the status actuator writes knobs the operator picks up."""
+"""Cluster mode on the real API server (tests/control_plane.py): the tuner process, as the chart's ServiceAccount,
+finds tuned InferenceDeployments, writes only its part of status, and holds when Prometheus is unreachable; the
+status actuator writes knobs the operator picks up; deleting a tuned resource waits for the tuner's finalizer."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from chunkpilot.operator.kube import Kube
+from chunkpilot.api.types import Condition, TuningStatus
+from chunkpilot.kube.client import Kube
 from chunkpilot.tuner.daemon import ClusterConfig, StatusActuator, StatusWriter, start_knobs, tuning_config
 from chunkpilot.tuner.prometheus import PrometheusSource
 from chunkpilot.tuner.space import Knobs
 
 from ..engine.server_proc import wait_for
-from ..operator.kube_emulator import KubeEmulatorThread
-from ..operator.operator_proc import client, create, patch, sample
+from ..operator.operator_proc import Cluster, sample, tuner
 
 CLUSTER = ClusterConfig(prometheus_url="http://127.0.0.1:1", storage=":memory:")
 
 
 @pytest.fixture
-def kube(tmp_path):
-    with KubeEmulatorThread() as k:
-        yield k
+def k(control_plane, request):
+    cluster = Cluster(control_plane.api())
+    ns = cluster.namespace(f"tuner-{request.node.name.replace('_', '-')[5:40].strip('-')}")
+    cluster.ns = ns
+    yield cluster
+    assert cluster.delete_namespace(ns, drop_finalizers=True)
 
 
 def test_tuning_config_follows_the_spec_and_fingerprints_the_targets():
@@ -42,60 +41,56 @@ def test_tuning_config_follows_the_spec_and_fingerprints_the_targets():
         tuning_config("ns", "x", spec, CLUSTER)
 
 
-def test_status_actuator_writes_tuner_knobs_and_keeps_other_conditions(kube):
-    api = client(kube)
-    create(api, sample("act"))
-    patch(api, "act", {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}],
-                                  "scheduler": {"tokenBudget": 128, "maxChunk": 64, "source": "spec",
-                                                "generation": 3}}}, status=True)
-    raw = kube.get("inferencedeployments", "default", "act")
+def test_status_actuator_writes_tuner_knobs_and_keeps_other_conditions(k):
+    ns = k.ns
+    k.create(sample("act", ns))
+    k.patch("act", {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}],
+                               "scheduler": {"tokenBudget": 128, "maxChunk": 64, "source": "spec",
+                                             "generation": 3}}}, ns, status=True)
+    raw = k.get("inferencedeployments", ns, "act")
     start, gen = start_knobs(raw)
     assert (start, gen) == (Knobs(128, 64), 3)
-    writer = StatusWriter(Kube(api), "default", "act")
+    writer = StatusWriter(Kube(k.api), ns, "act")
     act = StatusActuator(writer, PrometheusSource("http://127.0.0.1:1", 'job="x"'), start, gen)
     assert act.apply(Knobs(96, 32)) == 4
-    st = kube.get("inferencedeployments", "default", "act")["status"]
+    st = k.status(ns, "act")
     assert st["scheduler"] == {"tokenBudget": 96, "maxChunk": 32, "source": "tuner", "generation": 4}
-    writer.write({"tuning": {"phase": "Exploring"}}, [{"type": "Tuning", "status": "True", "reason": "Exploring",
-                                                        "message": ""}])
-    conds = {c["type"]: c for c in kube.get("inferencedeployments", "default", "act")["status"]["conditions"]}
+    writer.write(tuning=TuningStatus(phase="Exploring"),
+                 tuner_conditions=[Condition(type="Tuning", status="True", reason="Exploring")])
+    conds = {c["type"]: c for c in k.status(ns, "act")["conditions"]}
     assert conds["Ready"]["status"] == "True" and conds["Tuning"]["reason"] == "Exploring"
+    assert k.status(ns, "act")["tuning"]["phase"] == "Exploring"
 
 
-def test_tuner_process_holds_when_prometheus_is_unreachable(kube, tmp_path):
-    api = client(kube)
-    create(api, sample("tuned"))  # auto mode
-    create(api, sample("plain", tuning__mode="off"))
-    patch(api, "tuned", {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]}},
-          status=True)
-    env = dict(os.environ, KUBECONFIG=str(kube.kubeconfig(tmp_path / "kubeconfig")))
-    log = open(tmp_path / "tuner.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "chunkpilot.cli.main", "tuner", "run", "--prometheus-url",
-                             "http://127.0.0.1:1", "--metrics-port", "0", "--liveness", "",
-                             "--storage", f"sqlite:///{tmp_path / 'study.db'}"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    try:
+def test_tuner_process_holds_when_prometheus_is_unreachable(k, chart_accounts, tmp_path):
+    ns = k.ns
+    k.create(sample("tuned", ns))  # auto mode
+    k.create(sample("plain", ns, tuning__mode="off"))
+    k.patch("tuned", {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]}},
+            ns, status=True)
+    with tuner(chart_accounts["tuner"], tmp_path) as proc:
         def tuning():
-            return (kube.get("inferencedeployments", "default", "tuned").get("status") or {}).get("tuning") or {}
-        assert wait_for(lambda: tuning().get("phase") == "Holding", 60), (tmp_path / "tuner.log").read_text()[-3000:]
-        st = kube.get("inferencedeployments", "default", "tuned")["status"]
+            return k.status(ns, "tuned").get("tuning") or {}
+        assert wait_for(lambda: tuning().get("phase") == "Holding", 60, poll=0.25), proc.log()
+        st = k.status(ns, "tuned")
         conds = {c["type"]: c for c in st["conditions"]}
         assert conds["Tuning"]["status"] == "False" and conds["Tuning"]["reason"] == "MeasurementsUnavailable"
         assert "127.0.0.1:1" in conds["Tuning"]["message"]
         assert conds["Ready"]["status"] == "True"  # the operator's condition is left alone
         assert "scheduler" not in st  # blind: no knobs written
-        assert "tuner.chunkpilot.io/finalizer" in kube.get("inferencedeployments", "default", "tuned")[
-            "metadata"].get("finalizers", [])
-        assert "tuning" not in (kube.get("inferencedeployments", "default", "plain").get("status") or {})
+        assert "tuner.chunkpilot.io/finalizer" in k.get("inferencedeployments", ns, "tuned")["metadata"].get(
+            "finalizers", [])
+        assert "tuning" not in k.status(ns, "plain")
+
         def warnings():
-            return [e for e in kube.objects("events") if e.get("reason") == "MeasurementsUnavailable"
-                    and e.get("involvedObject", {}).get("name") == "tuned"]
-        assert wait_for(warnings, 20)
+            return [e for e in k.events(ns, "tuned") if e[1] == "MeasurementsUnavailable"]
+        assert wait_for(warnings, 20, poll=0.25)
         time.sleep(3)
         assert len(warnings()) == 1  # posted on the transition, not on every retry
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(40) == 0, (tmp_path / "tuner.log").read_text()[-3000:]
+        # Deleting a tuned resource waits for the tuner to stop its daemon and release the finalizer.
+        k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", ns, "inferencedeployments", "tuned")
+        assert wait_for(lambda: k.get("inferencedeployments", ns, "tuned") is None, 45, poll=0.25), proc.log()
+        assert proc.stop() == 0, proc.log()
 
 
 def test_publisher_posts_events_on_knob_changes_and_health_transitions():

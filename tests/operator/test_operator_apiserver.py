@@ -1,0 +1,282 @@
+"""`chunkpilot operator run` (real kopf, default settings, as the chart's ServiceAccount with the chart's RBAC)
+against a real kube-apiserver + kube-controller-manager + etcd (tests/control_plane.py).
+
+The controller manager is real: it makes ReplicaSets and Pods for our Deployments, writes Deployment status and
+garbage-collects. There is no scheduler or kubelet, so Pods stay Pending; where a test needs ready pods it plays
+the kubelet by writing pod status itself, and says so. Writes are counted from the API server's audit log."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from kubernetes.client import ApiException
+
+from ..conftest import service_account_user
+from ..engine.server_proc import wait_for
+from .operator_proc import CHILDREN, Cluster, operator, sample
+
+NS = "op-main"
+OPERATOR = service_account_user("operator")
+
+
+def eventually(cond, timeout: float = 30) -> bool:
+    return wait_for(cond, timeout, poll=0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane, chart_accounts, tmp_path_factory):
+    k = Cluster(control_plane.api())
+    k.namespace(NS)
+    with operator(chart_accounts["operator"], tmp_path_factory.mktemp("operator")) as op:
+        yield control_plane, k, op
+        assert op.alive(), f"the operator died on user input:\n{op.log()}"
+        assert op.stop() == 0, op.log()
+    assert k.delete_namespace(NS)
+
+
+def message(e: ApiException) -> str:
+    return json.loads(e.body)["message"]
+
+
+def operator_writes(cp, since: int, resource: str, name: str | None = None) -> list[dict]:
+    return cp.writes(cp.audit(OPERATOR, since), resource, name)
+
+
+def test_create_renders_every_object_with_owner_references(cluster):
+    cp, k, op = cluster
+    owner = k.create(sample("alpha", NS))
+    assert eventually(lambda: k.children_exist(NS, "alpha")), op.log()
+    for plural in CHILDREN:
+        obj = k.get(plural, NS, "alpha" if plural != "configmaps" else "alpha-knobs")
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "InferenceDeployment", "alpha", owner["metadata"]["uid"], True)
+    assert k.knobs(NS, "alpha") == {"token_budget": 128, "max_chunk": 64, "generation": 1}
+    # The real Deployment controller made a ReplicaSet and two (Pending) pods, and wrote Deployment status.
+    assert eventually(lambda: k.cond(NS, "alpha", "Ready").get("reason") == "ReplicasNotReady")
+    assert eventually(lambda: k.status(NS, "alpha").get("replicas") == 2), k.status(NS, "alpha")
+    status = k.status(NS, "alpha")
+    assert status["scheduler"] == {"tokenBudget": 128, "maxChunk": 64, "source": "spec", "generation": 1}
+    assert status["observedGeneration"] == 1 and "app.kubernetes.io/instance=alpha" in status["selector"]
+    assert eventually(lambda: ("Normal", "Created", "created Deployment alpha") in k.events(NS, "alpha"))
+    # The sample asks for a ServiceMonitor; this cluster has no Prometheus Operator CRD: a Warning, no object.
+    assert any(r == "ServiceMonitorUnavailable" for _, r, _ in k.events(NS, "alpha"))
+
+    # Level-triggered and idempotent: another pass (triggered by an unrelated label) writes nothing to children.
+    mark = cp.audit_mark()
+    k.patch("alpha", {"metadata": {"labels": {"team": "search"}}}, NS)
+    time.sleep(3.0)
+    assert [len(operator_writes(cp, mark, p)) for p in CHILDREN] == [0, 0, 0, 0]
+
+
+def test_knob_change_updates_only_the_configmap(cluster):
+    cp, k, op = cluster
+    k.create(sample("beta", NS))
+    assert eventually(lambda: k.children_exist(NS, "beta"))
+    assert eventually(lambda: k.count("replicasets", NS) >= 1)
+    template = k.get("deployments", NS, "beta")["spec"]["template"]
+    replicasets = k.count("replicasets", NS)
+    mark = cp.audit_mark()
+    k.patch("beta", {"spec": {"scheduler": {"tokenBudget": 256, "maxChunk": 32}}}, NS)
+    assert eventually(lambda: k.knobs(NS, "beta") == {"token_budget": 256, "max_chunk": 32, "generation": 2})
+    assert operator_writes(cp, mark, "deployments", "beta") == [], "a knob change must not touch the Deployment"
+    assert k.get("deployments", NS, "beta")["spec"]["template"] == template
+    assert k.count("replicasets", NS) == replicasets  # no rollout: the pods apply the file in place
+    assert eventually(lambda: k.status(NS, "beta")["scheduler"]["generation"] == 2)
+    assert eventually(lambda: any(r == "KnobsChanged" and "generation 2" in m for _, r, m in k.events(NS, "beta")))
+
+
+def test_tuner_knobs_in_status_reach_the_configmap_and_are_kept(cluster):
+    cp, k, op = cluster
+    k.create(sample("gamma", NS))  # the sample has tuning.mode: auto
+    assert eventually(lambda: k.children_exist(NS, "gamma"))
+    tuned = {"tokenBudget": 96, "maxChunk": 48, "source": "tuner", "generation": 5}
+    k.patch("gamma", {"status": {"scheduler": tuned}}, NS, status=True)
+    assert eventually(lambda: k.knobs(NS, "gamma") == {"token_budget": 96, "max_chunk": 48, "generation": 5})
+    time.sleep(1.0)
+    assert k.status(NS, "gamma")["scheduler"] == tuned
+    # Tuning switched off: the spec's knobs come back with a newer generation, so pods can tell.
+    k.patch("gamma", {"spec": {"tuning": {"mode": "off"}}}, NS)
+    assert eventually(lambda: k.knobs(NS, "gamma") == {"token_budget": 128, "max_chunk": 64, "generation": 6})
+
+
+def test_scaling_to_one_replica_removes_the_pdb(cluster):
+    cp, k, op = cluster
+    k.create(sample("eta", NS))
+    assert eventually(lambda: k.children_exist(NS, "eta"))
+    k.patch("eta", {"spec": {"replicas": 1}}, NS)
+    assert eventually(lambda: k.get("poddisruptionbudgets", NS, "eta") is None)
+    assert k.get("deployments", NS, "eta")["spec"]["replicas"] == 1
+    k.patch("eta", {"spec": {"replicas": 3}}, NS)
+    assert eventually(lambda: k.get("poddisruptionbudgets", NS, "eta") is not None)
+
+
+def test_image_change_rolls_the_deployment(cluster):
+    cp, k, op = cluster
+    k.create(sample("delta", NS, replicas=1))
+    assert eventually(lambda: k.children_exist(NS, "delta") or k.get("deployments", NS, "delta") is not None)
+    before = k.get("deployments", NS, "delta")["spec"]["template"]
+
+    def replicasets() -> set[str]:
+        items = k.apps.list_namespaced_replica_set(NS, label_selector="app.kubernetes.io/instance=delta").items
+        return {rs.metadata.name for rs in items}
+    assert eventually(lambda: len(replicasets()) == 1)
+    k.patch("delta", {"spec": {"engine": {"image": "registry.example/engine:2"}}}, NS)
+
+    def rolled():
+        t = k.get("deployments", NS, "delta")["spec"]["template"]
+        return t["spec"]["containers"][0]["image"] == "registry.example/engine:2"
+    assert eventually(rolled)
+    after = k.get("deployments", NS, "delta")["spec"]["template"]
+    key = "chunkpilot.io/config-hash"
+    assert after["metadata"]["annotations"][key] != before["metadata"]["annotations"][key]
+    assert eventually(lambda: len(replicasets()) == 2), "the real Deployment controller starts a new ReplicaSet"
+    assert eventually(lambda: any(r == "RollingUpdate" for _, r, _ in k.events(NS, "delta")))
+    assert k.knobs(NS, "delta")["generation"] == 1  # the knobs did not move
+
+
+def play_kubelet(k: Cluster, namespace: str, instance: str) -> int:
+    """No kubelet here: mark the instance's pods Running and Ready ourselves, as a kubelet would."""
+    pods = k.core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={instance}").items
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for pod in pods:
+        k.core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": {
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
+                                               {"type": "ContainersReady", "status": "True",
+                                                "lastTransitionTime": now}]}})
+    return len(pods)
+
+
+def test_deployment_status_drives_the_conditions(cluster):
+    cp, k, op = cluster
+    k.create(sample("epsilon", NS))
+    assert eventually(lambda: k.children_exist(NS, "epsilon"))
+    assert eventually(lambda: play_kubelet(k, NS, "epsilon") == 2), "the ReplicaSet controller makes 2 pods"
+    # The real ReplicaSet and Deployment controllers see ready pods; the operator's conditions follow.
+    assert eventually(lambda: k.cond(NS, "epsilon", "Ready").get("status") == "True", 60), k.status(NS, "epsilon")
+    assert eventually(lambda: k.cond(NS, "epsilon", "Progressing").get("reason") == "RolloutComplete")
+    assert k.status(NS, "epsilon")["readyReplicas"] == 2
+
+    # A rollout that cannot finish: its pods never get ready. A short progress deadline (a field the operator
+    # does not set, so it stays the user's) lets the real Deployment controller declare it failed.
+    k.apps.patch_namespaced_deployment("epsilon", NS, {"spec": {"progressDeadlineSeconds": 2}},
+                                       field_manager="sre")
+    k.patch("epsilon", {"spec": {"engine": {"image": "registry.example/engine:broken"}}}, NS)
+    assert eventually(lambda: k.cond(NS, "epsilon", "Degraded").get("reason") == "RolloutFailed", 60), \
+        k.status(NS, "epsilon")
+    assert "progress" in k.cond(NS, "epsilon", "Degraded")["message"]
+    assert k.get("deployments", NS, "epsilon")["spec"]["progressDeadlineSeconds"] == 2
+
+
+@pytest.mark.parametrize("name, override, reason, words", [
+    ("bad-budget", {"engine__maxNumSeqs": 300}, "InvalidSpec", "spec.scheduler.tokenBudget"),
+    ("no-slo", {"slo": {}}, "InvalidSpec", "spec.slo"),
+    ("no-claim", {"model__source": "pvc://no-such-claim/smollm2"}, "MissingVolume", "no-such-claim"),
+])
+def test_invalid_spec_degrades_with_a_warning_and_creates_nothing(cluster, name, override, reason, words):
+    """Specs the CRD's schema and CEL admit but the operator cannot serve (admission itself is tested below)."""
+    cp, k, op = cluster
+    k.create(sample(name, NS, **override))
+    assert eventually(lambda: k.cond(NS, name, "Degraded").get("status") == "True"), op.log()
+    assert k.cond(NS, name, "Degraded")["reason"] == reason and words in k.cond(NS, name, "Degraded")["message"]
+
+    def warnings():
+        return [m for t, r, m in k.events(NS, name) if t == "Warning" and r == reason]
+    assert eventually(warnings)
+    time.sleep(1.5)  # the pass that wrote Degraded triggers another pass: it must not warn again
+    assert len(warnings()) == 1 and words in warnings()[0]
+    assert all(k.get(p, NS, n) is None for p, n in
+               [("deployments", name), ("services", name), ("configmaps", f"{name}-knobs")])
+    assert op.alive()
+
+
+def test_a_bad_update_leaves_the_running_objects_alone(cluster):
+    cp, k, op = cluster
+    k.create(sample("zeta", NS))
+    assert eventually(lambda: k.children_exist(NS, "zeta"))
+    time.sleep(1.0)  # let the passes the Deployment controller's status writes trigger settle
+    mark = cp.audit_mark()
+    # A valid image change together with an invalid knob: nothing may be applied, not even the image.
+    k.patch("zeta", {"spec": {"engine": {"image": "x:2", "maxNumSeqs": 200}}}, NS)
+    assert eventually(lambda: k.cond(NS, "zeta", "Degraded").get("reason") == "InvalidSpec")
+    assert [len(operator_writes(cp, mark, p)) for p in CHILDREN] == [0, 0, 0, 0]
+    k.patch("zeta", {"spec": {"engine": {"maxNumSeqs": 8}}}, NS)  # fixed: applied, condition clears
+    assert eventually(lambda: k.cond(NS, "zeta", "Degraded").get("status") == "False")
+    assert eventually(lambda: k.get("deployments", NS, "zeta")["spec"]["template"]["spec"]["containers"][0]["image"]
+                      == "x:2")
+
+
+def test_a_person_editing_a_managed_field_is_put_right_and_keeps_their_own_fields(cluster):
+    """Server-side apply field ownership: the operator's force-apply takes back the fields it sets (a person's
+    edit of one shows as drift and is reverted); fields only the person set stay theirs."""
+    cp, k, op = cluster
+    k.create(sample("iota", NS))
+    assert eventually(lambda: k.children_exist(NS, "iota"))
+    k.core.patch_namespaced_service("iota", NS, {"metadata": {"labels": {"owner": "sre"}},
+                                                 "spec": {"sessionAffinity": "ClientIP"}}, field_manager="kubectl-edit")
+    svc = k.get("services", NS, "iota")
+    managers = {m["manager"] for m in svc["metadata"]["managedFields"]}
+    assert {"chunkpilot-operator", "kubectl-edit"} <= managers
+    # A managed field edited: the target port the operator set (ports merge by their port number).
+    want = svc["spec"]["ports"][0]["targetPort"]
+    k.core.patch_namespaced_service("iota", NS, {"spec": {"ports": [{"port": svc["spec"]["ports"][0]["port"],
+                                                                     "targetPort": 9999}]}},
+                                    field_manager="kubectl-edit")
+    assert k.get("services", NS, "iota")["spec"]["ports"][0]["targetPort"] == 9999
+    k.patch("iota", {"metadata": {"labels": {"poke": "1"}}}, NS)  # any trigger: the next pass sees the drift
+    assert eventually(lambda: k.get("services", NS, "iota")["spec"]["ports"][0]["targetPort"] == want), op.log()
+    svc = k.get("services", NS, "iota")
+    assert svc["metadata"]["labels"]["owner"] == "sre" and svc["spec"]["sessionAffinity"] == "ClientIP"
+    owned = next(m for m in svc["metadata"]["managedFields"] if m["manager"] == "chunkpilot-operator")
+    assert "f:ports" in str(owned["fieldsV1"])
+
+
+def test_deleting_an_inference_deployment_garbage_collects_its_objects(cluster):
+    cp, k, op = cluster
+    k.create(sample("theta", NS))
+    assert eventually(lambda: k.children_exist(NS, "theta"))
+    k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", "theta")
+    # The real garbage collector follows the owner references; the operator deletes nothing itself.
+    assert eventually(lambda: all(k.get(p, NS, "theta-knobs" if p == "configmaps" else "theta") is None
+                                  for p in CHILDREN), 60)
+    assert eventually(lambda: not k.core.list_namespaced_pod(
+        NS, label_selector="app.kubernetes.io/instance=theta").items, 60)
+
+
+def test_admission_defaults_cel_and_pruning(cluster):
+    """What the real API server does with the CRD before the operator sees anything."""
+    cp, k, op = cluster
+    minimal = {"apiVersion": "chunkpilot.io/v1alpha1", "kind": "InferenceDeployment",
+               "metadata": {"name": "kappa", "namespace": NS},
+               "spec": {"model": {"source": "image:///models/m"}, "unknownField": 1,
+                        "scheduler": {"tokenBudget": 256, "maxChunk": 64, "surprise": True}}}
+    made = k.create(minimal)
+    assert "unknownField" not in made["spec"] and "surprise" not in made["spec"]["scheduler"]  # pruned
+    assert made["spec"]["replicas"] == 1 and made["spec"]["tuning"]["mode"] == "off"  # schema defaults
+    with pytest.raises(ApiException) as bad:
+        k.create(sample("lambda", NS, scheduler={"tokenBudget": 64, "maxChunk": 128}))
+    assert bad.value.status == 422 and "maxChunk must be <= tokenBudget" in message(bad.value)
+    with pytest.raises(ApiException) as bad:
+        k.create(sample("mu", NS, model__source="s3://bucket/model"))
+    assert bad.value.status == 422 and "spec.model.source" in message(bad.value)
+    with pytest.raises(ApiException) as bad:  # CEL on update too
+        k.patch("kappa", {"spec": {"scheduler": {"maxChunk": 512}}}, NS)
+    assert bad.value.status == 422 and "maxChunk must be <= tokenBudget" in message(bad.value)
+    assert eventually(lambda: k.get("deployments", NS, "kappa") is not None), k.status(NS, "kappa")
+
+
+def test_status_is_a_subresource_with_optimistic_concurrency(cluster):
+    cp, k, op = cluster
+    made = k.create(sample("nu", NS))
+    # status sent with the main resource is ignored; spec sent to /status is ignored
+    k.patch("nu", {"status": {"replicas": 42}, "metadata": {"labels": {"x": "y"}}}, NS)
+    assert k.status(NS, "nu").get("replicas") != 42
+    k.patch("nu", {"spec": {"replicas": 7}, "status": {"slo": {"windowSeconds": 60}}}, NS, status=True)
+    got = k.get("inferencedeployments", NS, "nu")
+    assert got["spec"]["replicas"] == 2 and got["status"]["slo"] == {"windowSeconds": 60}
+    with pytest.raises(ApiException) as stale:
+        k.patch("nu", {"metadata": {"resourceVersion": made["metadata"]["resourceVersion"]},
+                       "status": {"slo": {"windowSeconds": 30}}}, NS, status=True)
+    assert stale.value.status == 409
