@@ -104,6 +104,8 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
             assert eventually(lambda: k.get("poddisruptionbudgets", ns, "a") is None and monitor() is None)
             assert eventually(lambda: (k.status(ns, "a").get("tuning") or {}).get("phase") == "Holding", 60), \
                 tu.log()
+            # kopf posts Events from a queue of its own: wait for the tuner's before stopping it
+            assert eventually(lambda: any(r == "MeasurementsUnavailable" for _, r, _ in k.events(ns, "a")))
             time.sleep(2)  # a few more passes, so steady-state calls are in the log too
         finally:
             op.stop()

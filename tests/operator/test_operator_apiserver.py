@@ -75,15 +75,15 @@ def test_knob_change_updates_only_the_configmap(cluster):
     cp, k, op = cluster
     k.create(sample("beta", NS))
     assert eventually(lambda: k.children_exist(NS, "beta"))
-    assert eventually(lambda: k.count("replicasets", NS) >= 1)
+    assert eventually(lambda: len(replicasets(k, "beta")) == 1)
     template = k.get("deployments", NS, "beta")["spec"]["template"]
-    replicasets = k.count("replicasets", NS)
+    before = replicasets(k, "beta")
     mark = cp.audit_mark()
     k.patch("beta", {"spec": {"scheduler": {"tokenBudget": 256, "maxChunk": 32}}}, NS)
     assert eventually(lambda: k.knobs(NS, "beta") == {"token_budget": 256, "max_chunk": 32, "generation": 2})
     assert operator_writes(cp, mark, "deployments", "beta") == [], "a knob change must not touch the Deployment"
     assert k.get("deployments", NS, "beta")["spec"]["template"] == template
-    assert k.count("replicasets", NS) == replicasets  # no rollout: the pods apply the file in place
+    assert replicasets(k, "beta") == before  # no rollout: the pods apply the file in place
     assert eventually(lambda: k.status(NS, "beta")["scheduler"]["generation"] == 2)
     assert eventually(lambda: any(r == "KnobsChanged" and "generation 2" in m for _, r, m in k.events(NS, "beta")))
 
@@ -118,11 +118,7 @@ def test_image_change_rolls_the_deployment(cluster):
     k.create(sample("delta", NS, replicas=1))
     assert eventually(lambda: k.children_exist(NS, "delta") or k.get("deployments", NS, "delta") is not None)
     before = k.get("deployments", NS, "delta")["spec"]["template"]
-
-    def replicasets() -> set[str]:
-        items = k.apps.list_namespaced_replica_set(NS, label_selector="app.kubernetes.io/instance=delta").items
-        return {rs.metadata.name for rs in items}
-    assert eventually(lambda: len(replicasets()) == 1)
+    assert eventually(lambda: len(replicasets(k, "delta")) == 1)
     k.patch("delta", {"spec": {"engine": {"image": "registry.example/engine:2"}}}, NS)
 
     def rolled():
@@ -132,9 +128,14 @@ def test_image_change_rolls_the_deployment(cluster):
     after = k.get("deployments", NS, "delta")["spec"]["template"]
     key = "chunkpilot.io/config-hash"
     assert after["metadata"]["annotations"][key] != before["metadata"]["annotations"][key]
-    assert eventually(lambda: len(replicasets()) == 2), "the real Deployment controller starts a new ReplicaSet"
+    assert eventually(lambda: len(replicasets(k, "delta")) == 2), "the real Deployment controller starts a new one"
     assert eventually(lambda: any(r == "RollingUpdate" for _, r, _ in k.events(NS, "delta")))
     assert k.knobs(NS, "delta")["generation"] == 1  # the knobs did not move
+
+
+def replicasets(k: Cluster, instance: str) -> set[str]:
+    items = k.apps.list_namespaced_replica_set(NS, label_selector=f"app.kubernetes.io/instance={instance}").items
+    return {rs.metadata.name for rs in items}
 
 
 def play_kubelet(k: Cluster, namespace: str, instance: str) -> int:
