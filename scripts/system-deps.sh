@@ -6,6 +6,7 @@ set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the test API server's service-account key
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing Debian packages: ${missing[*]}" >&2

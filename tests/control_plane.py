@@ -40,14 +40,24 @@ AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages":
                 "rules": [{"level": "Metadata"}]}
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the kernel sends SIGTERM to the child when the process that started it dies, so a pytest that
+    is killed outright (no fixture teardown) leaves no etcd, API server or controller behind."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def find_binaries() -> dict[str, str] | str:
-    """The three binaries' paths, or a sentence saying what is missing and how to get it."""
-    found = {"etcd": shutil.which("etcd")}
+    """The binaries' paths, or a sentence saying what is missing and how to get it."""
+    found = {"etcd": shutil.which("etcd"), "openssl": shutil.which("openssl")}
     for name in ("kube-apiserver", "kube-controller-manager"):
         path = CACHE / "kube" / KUBE_VERSION / name
         found[name] = str(path) if path.is_file() and os.access(path, os.X_OK) else None
     missing = [n for n, p in found.items() if p is None]
-    return f"{', '.join(missing)} not found: run {HOW}" if missing else found
+    how = HOW + (" and apt-get install openssl" if "openssl" in missing else "")
+    return f"{', '.join(missing)} not found: run {how}" if missing else found
 
 
 class ControlPlane:
@@ -69,9 +79,10 @@ class ControlPlane:
     # -- processes -----------------------------------------------------------------------------------------------
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "a")
         # own process group: a Ctrl-C in the terminal reaches the script, which stops them in order
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.workdir / f"{name}.log", "a") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=die_with_parent)
         self.procs[name] = proc
         return proc
 
@@ -81,7 +92,7 @@ class ControlPlane:
     def _prepare(self) -> None:
         w = self.workdir
         if not (w / "sa.key").exists():
-            subprocess.run(["openssl", "genrsa", "-out", str(w / "sa.key"), "2048"], check=True, capture_output=True)
+            subprocess.run([self.bin["openssl"], "genrsa", "-out", str(w / "sa.key"), "2048"], check=True, capture_output=True)
         (w / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
         (w / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
 

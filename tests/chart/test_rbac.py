@@ -69,6 +69,14 @@ def service_monitor_crd(control_plane):
     yield
     ext.delete_custom_resource_definition(SERVICE_MONITOR_CRD["metadata"]["name"])
 
+    def gone() -> bool:
+        try:
+            ext.read_custom_resource_definition(SERVICE_MONITOR_CRD["metadata"]["name"])
+            return False
+        except kubernetes.client.ApiException as e:
+            return e.status == 404
+    assert eventually(gone), "the ServiceMonitor CRD must be gone before other tests (they expect none)"
+
 
 def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_accounts, service_monitor_crd,
                                                           tmp_path):

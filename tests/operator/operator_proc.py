@@ -18,6 +18,8 @@ from kubernetes.client import ApiException
 from chunkpilot.api.types import GROUP, PLURAL, VERSION
 from chunkpilot.tuner.child_process import free_port, log_tail, stop_process
 
+from ..control_plane import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "crds" / "samples" / "smollm2.yaml"
 CHILDREN = ("configmaps", "deployments", "services", "poddisruptionbudgets")
@@ -34,7 +36,7 @@ class ControllerProcess:
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "chunkpilot.cli.main", *self.args], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT)
+                                         stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         return self
 
     def alive(self) -> bool:

@@ -49,13 +49,15 @@ def test_resync_repairs_children_nobody_watches_and_watches_reconnect(control_pl
             mark = control_plane.audit_mark()
             k.core.delete_namespaced_config_map("drift-knobs", ns)
             assert eventually(lambda: k.get("configmaps", ns, "drift-knobs") is not None, 20), op.log()
-            time.sleep(6)  # past another reconnect
-            watches = [e for e in control_plane.audit(OPERATOR, mark) if e.get("verb") == "watch"
-                       and e["objectRef"].get("resource") == "inferencedeployments"]
-            assert len(watches) >= 2, "each watch request ends after --resync seconds and is reopened"
+            def watches() -> list[dict]:
+                return [e for e in control_plane.audit(OPERATOR, mark) if e.get("verb") == "watch"
+                        and e.get("stage") == "ResponseComplete"
+                        and e["objectRef"].get("resource") == "inferencedeployments"]
+            # each watch request ends after --resync seconds and is reopened
+            assert eventually(lambda: len(watches()) >= 2, 20), watches()
             # whole seconds, and bookmarks asked for (they keep kopf's resourceVersion fresh between changes)
             assert all("timeoutSeconds=5&" in e["requestURI"] + "&" and "allowWatchBookmarks=true" in e["requestURI"]
-                       for e in watches), watches[0]["requestURI"]
+                       for e in watches()), watches()[0]["requestURI"]
             k.patch("drift", {"spec": {"scheduler": {"tokenBudget": 200}}}, ns)  # after several reconnects
             assert eventually(lambda: k.knobs(ns, "drift").get("token_budget") == 200), op.log()
             assert op.alive()
@@ -108,9 +110,12 @@ def test_apiserver_sigkill_mid_reconcile_then_restart_converges(control_plane, c
                                                             "inferencedeployments")["metadata"]["resourceVersion"]
             assert eventually(lambda: k.count("deployments", ns) >= 2), op.log()
             control_plane.kill_apiserver()
-            time.sleep(2)
-            etcd_compact(control_plane)
-            control_plane.start_apiserver()
+            try:
+                time.sleep(2)
+                etcd_compact(control_plane)
+            finally:  # the control plane is the session's: it comes back whatever happens here
+                control_plane.start_apiserver()
+            mark = control_plane.audit_mark()
             # The operator's old position is gone: a watch from it is answered 410, which kopf answers by re-listing.
             w = kubernetes.watch.Watch()
             with pytest.raises(ApiException) as gone:
@@ -120,6 +125,9 @@ def test_apiserver_sigkill_mid_reconcile_then_restart_converges(control_plane, c
             assert gone.value.status == 410
             k.create(sample("after", ns))
             assert eventually(lambda: converged(k, [ns], n + 1), 120), op.log()
+            relists = [e for e in control_plane.audit(OPERATOR, mark) if e.get("verb") == "list"
+                       and e["objectRef"].get("resource") == "inferencedeployments"]
+            assert relists, "kopf re-lists after its watch position expired"
             assert op.alive(), op.log()
             assert op.stop() == 0
     finally:

@@ -80,7 +80,8 @@ class Resync:
                 if self.stopping.is_set():
                     return
                 try:
-                    self.reconciler.reconcile_by_name(namespace, name)
+                    if self.reconciler.reconcile_by_name(namespace, name) is None:
+                        self.seen(namespace, name, deleted=True)  # gone (a DELETED event can be missed in a 410)
                 except Exception:  # noqa: BLE001 - one object's failure must not end the resync of the others
                     log.exception("resync of %s/%s failed; retried in %ss", namespace, name, self.interval)
 

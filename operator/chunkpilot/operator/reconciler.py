@@ -69,8 +69,11 @@ class Reconciler:
             return self._reconcile(raw)
 
     def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
-        raw = self.kube.read_inference_deployment(namespace, name)
-        return None if raw is None else self.reconcile(raw)
+        """A pass on a fresh read, taken under the object's lock: read first and a pass on a newer version could
+        run in between, leaving this one to apply the older copy. None when the object is gone."""
+        with self._locks[(namespace, name)]:
+            raw = self.kube.read_inference_deployment(namespace, name)
+            return None if raw is None else self._reconcile(raw)
 
     # -- one pass ------------------------------------------------------------------------------------------
     def _reconcile(self, raw: dict) -> Outcome:

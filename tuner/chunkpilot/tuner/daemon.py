@@ -25,7 +25,7 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import (GROUP, PLURAL, VERSION, Condition, InferenceDeploymentSpec, InferenceDeploymentStatus,
+from chunkpilot.api.types import (GROUP, PLURAL, VERSION, Condition, InferenceDeploymentSpec,
                                   SchedulerStatus, SLOStatus, TuningStatus)
 from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
@@ -159,8 +159,8 @@ def start_knobs(raw: dict) -> tuple[Knobs, int]:
     """The knobs the pods run now (status.scheduler, else the spec's) and their generation; raises ValidationError
     on a spec the API types refuse."""
     spec = InferenceDeploymentSpec.model_validate(raw.get("spec") or {})
-    try:  # status is the controllers' own; one this version cannot read is not the user's spec error
-        st = InferenceDeploymentStatus.model_validate(raw.get("status") or {}).scheduler
+    try:  # only the part we need: a status field a newer version added must not cost us the knobs' generation
+        st = SchedulerStatus.model_validate((raw.get("status") or {}).get("scheduler"))
     except ValidationError:
         st = None
     if st is not None:

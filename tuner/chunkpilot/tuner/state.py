@@ -83,5 +83,6 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
 
 
 def dump(model) -> dict:
-    """A status model as the API (and the local status file) spells it: camelCase, unset fields left out."""
-    return model.model_dump(by_alias=True, exclude_none=True)
+    """A status model as the API (and the local status file) spells it: camelCase, with only the fields that were
+    set and not None, because it goes out as a merge patch (a default would overwrite what is there)."""
+    return model.model_dump(by_alias=True, exclude_none=True, exclude_unset=True)
