@@ -269,6 +269,27 @@ def test_prefill_counters_count_prompt_tokens_only(server, client):
     assert busy2 - busy1 <= 10 * (busy1 - busy0)  # one prompt step, not 25 steps with the decodes
 
 
+def test_step_cost_moments_count_every_step_the_engine_timed(server, client):
+    """The step-time model's sums (chunkpilot.engine.step_cost) agree with the engine's other counters."""
+    from chunkpilot.engine.step_cost import TERMS
+
+    def term(m, t):
+        return m[f"{names.STEP_COST_MOMENTS}{sorted({'term': t}.items())}"]
+
+    m0 = server.metrics()
+    assert all(f"{names.STEP_COST_MOMENTS}{sorted({'term': t}.items())}" in m0 for t in TERMS)
+    out = client.completions.create(model="smollm2", prompt="Sums of products, once per step", max_tokens=6,
+                                    extra_body={"ignore_eos": True})
+    m1 = server.metrics()
+    steps = term(m1, "overhead*overhead") - term(m0, "overhead*overhead")
+    assert steps >= 6  # one step for the prompt (or a few chunks), one per further token
+    assert term(m1, "overhead*prefill_tokens") - term(m0, "overhead*prefill_tokens") == \
+        m1[names.PREFILL_COMPUTED_TOKENS] - m0[names.PREFILL_COMPUTED_TOKENS] == out.usage.prompt_tokens
+    assert term(m1, "overhead*decode_seqs") - term(m0, "overhead*decode_seqs") == out.usage.completion_tokens - 1
+    seconds = term(m1, "overhead*seconds") - term(m0, "overhead*seconds")
+    assert 0 < seconds and term(m1, "seconds*seconds") - term(m0, "seconds*seconds") <= seconds ** 2
+
+
 # promtool's linter reserves ':' for recording rules and wants `_total` only on counters. Our names are the
 # vLLM names under the `chunkpilot:` prefix (DESIGN.md's contract: dashboards written for vLLM keep working), so
 # exactly these two findings are expected; anything else is a real problem.

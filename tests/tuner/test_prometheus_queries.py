@@ -9,7 +9,7 @@ import pytest
 from chunkpilot.engine import metrics as m
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.prometheus import (PrometheusMeasurer, buckets_query, fraction_below, quantile_query,
-                                         rate_query)
+                                         rate_query, step_moments_query)
 
 # cumulative counts per upper bound, as `sum by (le) (increase(..._bucket[w]))` returns them
 BUCKETS = {0.1: 10.0, 0.5: 60.0, 1.0: 90.0, math.inf: 100.0}
@@ -38,6 +38,8 @@ def test_queries_aggregate_all_pods_of_the_selector_over_the_window():
         '{namespace="team",service="llm"}[60s])))')
     assert buckets_query("m", sel, 8.4) == 'sum by (le) (increase(m_bucket{namespace="team",service="llm"}[8s]))'
     assert rate_query("m_total", sel, 0.2) == 'sum(rate(m_total{namespace="team",service="llm"}[1s]))'
+    assert step_moments_query(sel, 60) == ('sum by (term) (increase(chunkpilot:step_cost_moments_total'
+                                           '{namespace="team",service="llm"}[60s]))')
 
 
 class FakeSource:

@@ -45,6 +45,36 @@ def load(url: str, seconds: float, stop: threading.Event, seed: int) -> threadin
     return t
 
 
+def check_step_model(source, servers) -> None:
+    """The step-time model fitted from Prometheus (both pods, one window) against the same fit on the engines' own
+    sums over that window, read from them directly: the same steps' costs within 20 % for typical shapes (the
+    windows' edges differ by a scrape or two), and a fit that explains the steps (RMS residual under half the mean
+    step on this noisy shared machine)."""
+    import time
+
+    from chunkpilot.engine.step_cost import TERMS
+    from chunkpilot.tuner.step_model import fit_moments
+
+    def own() -> dict[str, float]:
+        return {t: sum(s.metrics()[f"chunkpilot:step_cost_moments_total{sorted({'term': t}.items())}"]
+                       for s in servers) for t in TERMS}
+    start = own()
+    time.sleep(30)
+    end = own()
+    time.sleep(2)  # Prometheus scrapes every second: let it see the end too
+    from_prometheus = source.step_model(32)
+    direct = fit_moments({t: end[t] - start[t] for t in TERMS})
+    assert from_prometheus is not None and direct is not None and from_prometheus.steps >= 20
+    assert from_prometheus.relative_error < 0.5, from_prometheus
+    shapes = ([(100, 1, True)] * 4, [(0, 48, False)], [(300, 1, True)] * 2 + [(0, 64, False)])
+    print(f"\nstep model from Prometheus: {from_prometheus.steps:.0f} steps, RMS {from_prometheus.relative_error:.0%} "
+          f"of the mean step; predicted vs direct fit (s): "
+          + ", ".join(f"{from_prometheus.predict(s):.4f}/{direct.predict(s):.4f}" for s in shapes))
+    for shape in shapes:
+        assert from_prometheus.predict(shape) == pytest.approx(direct.predict(shape), rel=0.2), (shape, from_prometheus,
+                                                                                                 direct)
+
+
 def test_local_tuner_with_real_engines_and_prometheus(engines, tmp_path):
     require_tool("prometheus", "sudo apt-get install prometheus (Debian/Ubuntu), or put it on PATH")
     servers, knobs_file = engines
@@ -77,6 +107,7 @@ def test_local_tuner_with_real_engines_and_prometheus(engines, tmp_path):
         assert window["prefill_capacity"] > 0 and len(completed[-1].user_attrs["constraints"]) == 4
         status = json.loads((tmp_path / "status.json").read_text())
         assert status["tuning"]["phase"] == "Exploring" and status["tuning"]["trial"] == len(completed)
+        check_step_model(loop.measurer.source, servers)
 
         # Prometheus goes away: the tuner holds, records nothing and leaves the knobs alone.
         prom.stop()

@@ -188,6 +188,7 @@ class AsyncEngine:
         m, eng = self.metrics, self.engine
         if eng.last_step.num_tokens:
             m.iteration_tokens.observe(eng.last_step.num_tokens)
+            m.step_moments.add(eng.last_step.features, seconds)
         if eng.last_step.num_prefill_tokens:  # prefill is busy exactly while steps compute prompt tokens
             m.prefill_busy.inc(seconds)
             m.prefill_computed.inc(eng.last_step.num_prefill_tokens)

@@ -28,6 +28,7 @@ from chunkpilot.engine.sampler import Sampler
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import FinishReason, Sequence
+from chunkpilot.engine.step_cost import step_features
 from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from chunkpilot.engine.weights import load_weights
 
@@ -45,6 +46,7 @@ class StepStats:
     num_prefill_tokens: int = 0
     seconds: float = 0.0
     preempted: list[str] = field(default_factory=list)
+    features: tuple[float, ...] = ()  # chunkpilot.engine.step_cost.step_features of the step
 
 
 def resolve_device(name: str) -> torch.device:
@@ -209,7 +211,8 @@ class LLMEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_step = StepStats(
-            sched.num_tokens, sched.num_decodes, sched.num_prefill_tokens, time.perf_counter() - t0, sched.preempted
+            sched.num_tokens, sched.num_decodes, sched.num_prefill_tokens, time.perf_counter() - t0, sched.preempted,
+            step_features((c.start, c.num_tokens, i < sched.num_decodes) for i, c in enumerate(sched.chunks)),
         )
         for seq in self.scheduler.update(sched, result):
             outputs.append(self._advance(seq, result.logprobs.get(seq.request_id)))

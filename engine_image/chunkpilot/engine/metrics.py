@@ -8,6 +8,9 @@ import the names from here (or from files generated from here); nothing else spe
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily
+
+from chunkpilot.engine.step_cost import StepMoments
 
 # `*_created` series double the exposition and no dashboard or rule here uses them (vLLM drops them too).
 disable_created_metrics()
@@ -41,6 +44,9 @@ SCHEDULER_TOKEN_BUDGET = PREFIX + "scheduler_token_budget"
 SCHEDULER_MAX_CHUNK = PREFIX + "scheduler_max_chunk"
 SCHEDULER_GENERATION = PREFIX + "scheduler_generation"
 SCHEDULER_KNOB_ERRORS = PREFIX + "scheduler_knob_errors_total"
+# Sums of products of each step's cost features and its seconds (chunkpilot.engine.step_cost), label `term`.
+STEP_COST_MOMENTS = PREFIX + "step_cost_moments_total"
+STEP_COST_TERM_LABEL = "term"
 
 MODEL_LABEL = "model_name"
 
@@ -49,7 +55,7 @@ ALL_NAMES = (
     ITERATION_TOKENS, NUM_RUNNING, NUM_WAITING, KV_CACHE_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS,
     PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS, REQUESTS_REJECTED, PREFILL_BUSY_SECONDS,
     PREFILL_COMPUTED_TOKENS, SCHEDULER_TOKEN_BUDGET,
-    SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS,
+    SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS, STEP_COST_MOMENTS,
 )
 HISTOGRAMS = (TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS,
               REQUEST_GENERATION_TOKENS, ITERATION_TOKENS)
@@ -131,4 +137,21 @@ class EngineMetrics:
         self.token_budget = gauge(SCHEDULER_TOKEN_BUDGET, "Token budget per step now applied by the scheduler.")
         self.max_chunk = gauge(SCHEDULER_MAX_CHUNK, "Largest prefill chunk now applied by the scheduler.")
         self.generation = gauge(SCHEDULER_GENERATION, "Generation of the scheduler knobs now applied.")
+        # The step-time model's sufficient statistics: one accumulator, read by a collector at scrape time (the
+        # step loop adds a small matrix per step instead of taking a counter lock per term).
+        self.step_moments = StepMoments()
+        r.register(_StepMomentsCollector(self.step_moments, model_name))
         self.knob_errors = counter(SCHEDULER_KNOB_ERRORS, "Knob updates refused (bad file, out of range); last good knobs kept.")
+
+
+class _StepMomentsCollector:
+    def __init__(self, moments: StepMoments, model_name: str) -> None:
+        self.moments, self.model_name = moments, model_name
+
+    def collect(self):
+        family = CounterMetricFamily(_base(STEP_COST_MOMENTS), "Sum over engine steps of the product of two step-cost "
+                                     "features (or a feature and the step's seconds), for fitting step time.",
+                                     labels=[MODEL_LABEL, STEP_COST_TERM_LABEL])
+        for term, value in self.moments.terms().items():
+            family.add_metric([self.model_name, term], value)
+        yield family

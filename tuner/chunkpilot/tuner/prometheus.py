@@ -15,6 +15,7 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from chunkpilot.engine import metrics as m
 from chunkpilot.tuner.loop import MeasurementUnavailable
 from chunkpilot.tuner.measurement import SLOTargets, Window
+from chunkpilot.tuner.step_model import StepModel, fit_moments
 
 
 def _w(seconds: float) -> str:
@@ -31,6 +32,12 @@ def buckets_query(metric: str, selector: str, seconds: float) -> str:
 
 def rate_query(metric: str, selector: str, seconds: float) -> str:
     return f"sum(rate({metric}{{{selector}}}[{_w(seconds)}]))"
+
+
+def step_moments_query(selector: str, seconds: float) -> str:
+    """The window's step-cost sums, every pod's added up: the normal equations of the step-time fit."""
+    return (f"sum by ({m.STEP_COST_TERM_LABEL}) (increase({m.STEP_COST_MOMENTS}{{{selector}}}"
+            f"[{_w(seconds)}]))")
 
 
 def fraction_below(buckets: dict[float, float], threshold: float) -> float | None:
@@ -82,6 +89,13 @@ class PrometheusSource:
             raise MeasurementUnavailable(
                 f"Prometheus at {self.url} has no {m.SCHEDULER_GENERATION} series for {{{self.selector}}}: check the "
                 "selector and that the engines are being scraped")
+
+    def step_model(self, seconds: float) -> StepModel | None:
+        """The step-time model fitted on the last `seconds` of every pod's steps (None: too few steps, or engines
+        that predate the metric)."""
+        terms = {s["metric"][m.STEP_COST_TERM_LABEL]: float(s["value"][1])
+                 for s in self.query(step_moments_query(self.selector, seconds)) if m.STEP_COST_TERM_LABEL in s["metric"]}
+        return fit_moments(terms)
 
     def generations(self) -> list[int]:
         return [int(float(s["value"][1])) for s in self.query(f"{m.SCHEDULER_GENERATION}{{{self.selector}}}")]
