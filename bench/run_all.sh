@@ -9,7 +9,7 @@ for b in chunk_overhead roofline stall vs_transformers; do
     "$PY" "bench/$b.py" "$@"
 done
 # The tuner's benchmarks (simulator; the accuracy check also starts a real server). No device arguments.
-for b in sim_accuracy tuner_vs_grid; do
+for b in sim_accuracy predictor_vs_sim tuner_vs_grid; do
     echo "== $b"
     "$PY" "bench/$b.py"
 done

@@ -141,6 +141,18 @@ class Simulator:
         )
 
 
+    def load(self, seconds: float):
+        """The predictor's view of the window of `seconds` ending now: arrivals, their prompt mix, and the decodes
+        in flight on average."""
+        from chunkpilot.tuner.predictor import Load
+
+        t1, t0 = self.now, self.now - seconds
+        decoding = sum(max(0.0, min(r.end or t1, t1) - max(r.first_token, t0)) for r in self.records
+                       if r.first_token is not None and r.first_token < t1 and (r.end or t1) > t0) / seconds
+        prompts = tuple((float(p), 1.0) for a, p, _ in self.arrivals if t0 < a <= t1)
+        return Load(request_rate=len(prompts) / seconds, prompts=prompts, running=decoding)
+
+
 class SimMeasurer:
     def __init__(self, sim: Simulator, slo: SLOTargets) -> None:
         self.sim, self.slo = sim, slo

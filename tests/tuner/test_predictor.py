@@ -1,0 +1,74 @@
+"""The predictor of what knobs would do, against the simulator (the real scheduler on the fitted CPU cost model):
+the same cost expressed as a StepModel, the load measured from the simulated window, the prediction compared with
+the simulated window's own p99s."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.tuner.predictor import Load, predict
+from chunkpilot.tuner.sim.costmodel import default
+from chunkpilot.tuner.sim.experiment import Scenario
+from chunkpilot.tuner.sim.simulator import Simulator
+from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.step_model import StepModel
+
+SLO = SLOTargets(ttft=LatencyTarget(0.99, 5.0), itl=LatencyTarget(0.99, 0.5))
+COST = default()
+MODEL = StepModel(coefficients={"overhead": COST.overhead, "prefill_tokens": COST.prefill_tokens,
+                                "decode_seqs": COST.decode_seqs, "kv_kilotokens": COST.kv_reads * 1000,
+                                "tokens_over_512": 0.0, "tokens_over_2048": 0.0},
+                  steps=1e6, rms_error=0.0, mean_seconds=0.1)
+
+
+def simulated(knobs: Knobs, mix: str, rate: float, seconds: float = 300.0, warmup: float = 60.0):
+    """(the window, the load as the tuner would measure it over that window)"""
+    sim = Simulator(COST, Scenario(rate=rate, mix=mix, seed=0).workload(seconds + warmup, seed_offset=1000), knobs)
+    sim.advance(warmup + seconds)
+    return sim.window(seconds, SLO), sim.load(seconds)
+
+
+@pytest.mark.parametrize("mix, rate, knobs", [
+    ("chat", 0.9, Knobs(48, 48)), ("chat", 0.9, Knobs(128, 64)), ("chat", 0.9, Knobs(256, 128)),
+    ("chat", 0.9, Knobs(512, 256)), ("mixed", 0.9, Knobs(48, 48)), ("mixed", 0.9, Knobs(128, 64)),
+    ("mixed", 0.9, Knobs(512, 256)), ("mixed", 0.5, Knobs(256, 128)),
+])
+def test_itl_p99_within_a_third_of_the_simulated(mix, rate, knobs):
+    w, load = simulated(knobs, mix, rate)
+    p = predict(MODEL, knobs, load)
+    assert p.itl_p99 == pytest.approx(w.itl, rel=0.33), (p, w.itl)
+
+
+def test_the_predictor_separates_safe_from_unsafe_knobs():
+    """What the tuner needs it for: at a load where a large chunk stalls decodes past the 0.5 s ITL SLO, the
+    prediction says so, and says the small chunk keeps it."""
+    unsafe, safe = Knobs(2048, 1024), Knobs(128, 64)
+    w_unsafe, load = simulated(unsafe, "mixed", 0.9)
+    w_safe, _ = simulated(safe, "mixed", 0.9)
+    assert w_unsafe.itl > 0.5 > w_safe.itl  # the simulator's verdict
+    assert predict(MODEL, unsafe, load).itl_p99 > 0.5 > predict(MODEL, safe, load).itl_p99
+
+
+def test_ttft_is_conservative_and_infinite_past_capacity():
+    knobs = Knobs(256, 128)
+    w, load = simulated(knobs, "mixed", 0.9)
+    p = predict(MODEL, knobs, load)
+    assert w.ttft <= p.ttft_p99 <= 2 * w.ttft, (p, w.ttft)  # on the safe side, by less than 2x
+    heavy = Load(request_rate=load.request_rate * 4 / p.utilization, prompts=load.prompts, running=load.running)
+    over = predict(MODEL, knobs, heavy)
+    assert over.utilization == pytest.approx(4.0) and math.isinf(over.ttft_p99)
+
+
+def test_capacity_and_prompt_quantiles():
+    load = Load(request_rate=1.0, prompts=((32, 9.0), (2000, 1.0)), running=4)
+    assert load.mean_prompt_tokens == pytest.approx((32 * 9 + 2000) / 10)
+    assert load.prompt_quantile(0.5) == 32 and load.prompt_quantile(0.99) == 2000
+    caps = [predict(MODEL, Knobs(b, b), load).prefill_capacity for b in (32, 128, 512, 2048)]
+    # a bigger budget spreads each step's overhead over more prompt tokens ...
+    assert np.all(np.diff(caps[:3]) > 0)
+    # ... until on this CPU the attention reads of 2048-token chunks (quadratic in the chunk) cost more than that
+    assert caps[3] < caps[2]
