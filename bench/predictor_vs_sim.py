@@ -17,7 +17,6 @@ from chunkpilot.tuner.sim.costmodel import default
 from chunkpilot.tuner.sim.experiment import Scenario
 from chunkpilot.tuner.sim.simulator import Simulator
 from chunkpilot.tuner.space import Knobs
-from chunkpilot.tuner.step_model import StepModel
 
 KNOBS = [Knobs(48, 48), Knobs(128, 64), Knobs(256, 128), Knobs(512, 256), Knobs(2048, 1024)]
 
@@ -27,10 +26,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=300.0)
     args = ap.parse_args()
     cost = default()
-    model = StepModel(coefficients={"overhead": cost.overhead, "prefill_tokens": cost.prefill_tokens,
-                                    "decode_seqs": cost.decode_seqs, "kv_kilotokens": cost.kv_reads * 1000,
-                                    "tokens_over_512": 0.0, "tokens_over_2048": 0.0},
-                      steps=1e6, rms_error=0.0, mean_seconds=0.1)
+    model = cost.as_step_model()
     slo = SLOTargets(ttft=LatencyTarget(0.99, 5.0), itl=LatencyTarget(0.99, 0.5))
     rows = []
     for mix in ("chat", "mixed"):

@@ -15,14 +15,10 @@ from chunkpilot.tuner.sim.costmodel import default
 from chunkpilot.tuner.sim.experiment import Scenario
 from chunkpilot.tuner.sim.simulator import Simulator
 from chunkpilot.tuner.space import Knobs
-from chunkpilot.tuner.step_model import StepModel
 
 SLO = SLOTargets(ttft=LatencyTarget(0.99, 5.0), itl=LatencyTarget(0.99, 0.5))
 COST = default()
-MODEL = StepModel(coefficients={"overhead": COST.overhead, "prefill_tokens": COST.prefill_tokens,
-                                "decode_seqs": COST.decode_seqs, "kv_kilotokens": COST.kv_reads * 1000,
-                                "tokens_over_512": 0.0, "tokens_over_2048": 0.0},
-                  steps=1e6, rms_error=0.0, mean_seconds=0.1)
+MODEL = COST.as_step_model()
 
 
 def simulated(knobs: Knobs, mix: str, rate: float, seconds: float = 300.0, warmup: float = 60.0):
@@ -72,3 +68,21 @@ def test_capacity_and_prompt_quantiles():
     assert np.all(np.diff(caps[:3]) > 0)
     # ... until on this CPU the attention reads of 2048-token chunks (quadratic in the chunk) cost more than that
     assert caps[3] < caps[2]
+
+
+def test_every_tuning_window_records_predicted_next_to_measured():
+    """The loop on the simulator: each window's history entry carries the predictor's view of its knobs at its
+    load, so the model's error is visible before it steers anything."""
+    from chunkpilot.tuner.loop import TunerSettings
+    from chunkpilot.tuner.sim.experiment import tune
+    from chunkpilot.tuner.space import SearchSpace
+
+    space = SearchSpace.from_bounds((16, 1024), (16, 1024))
+    result = tune(Scenario(rate=0.9, mix="mixed", seed=1), COST, SLO, space,
+                  TunerSettings(window=60, warmup=5, max_trials=4, min_requests=5), iterations=4,
+                  start=Knobs(256, 128))
+    complete = [h for h in result.trials if h["kind"] == "complete" and h.get("itl")]
+    assert complete and all(h["predicted_itl"] > 0 and 0 < h["predicted_utilization"] for h in complete)
+    ratios = [h["predicted_itl"] / h["itl"] for h in complete]
+    print(f"\npredicted / simulated ITL p99 over {len(ratios)} tuning windows: {sorted(round(r, 2) for r in ratios)}")
+    assert 0.5 < float(np.median(ratios)) < 2.0, ratios

@@ -4,6 +4,7 @@ real Prometheus scraping them every second, the load generator, and the tuner in
 from __future__ import annotations
 
 import json
+import math
 import threading
 
 import pytest
@@ -46,33 +47,35 @@ def load(url: str, seconds: float, stop: threading.Event, seed: int) -> threadin
 
 
 def check_step_model(source, servers) -> None:
-    """The step-time model fitted from Prometheus (both pods, one window) against the same fit on the engines' own
-    sums over that window, read from them directly: the same steps' costs within 20 % for typical shapes (the
-    windows' edges differ by a scrape or two), and a fit that explains the steps (RMS residual under half the mean
-    step on this noisy shared machine)."""
+    """The step-cost sums through Prometheus (both pods, one window, `sum by (term) (increase(...))`) against the
+    engines' own sums over that window, read from them directly: the same steps, the same seconds, the same prompt
+    tokens, within 20 % (the windows' edges differ by a scrape, a step or two). And the model fitted from them
+    explains the steps (RMS residual under half the mean step on this noisy shared machine). How well the fit
+    predicts is tested on known costs in tests/tuner/test_step_model.py; with the few dozen steps a loaded 2-core
+    machine makes in 30 s, single coefficients are not stable enough to compare."""
     import time
 
+    from chunkpilot.engine import metrics as m
     from chunkpilot.engine.step_cost import TERMS
-    from chunkpilot.tuner.step_model import fit_moments
+    from chunkpilot.tuner.prometheus import step_moments_query
 
     def own() -> dict[str, float]:
-        return {t: sum(s.metrics()[f"chunkpilot:step_cost_moments_total{sorted({'term': t}.items())}"]
-                       for s in servers) for t in TERMS}
+        scraped = [s.metrics() for s in servers]  # one scrape each: the window's edges stay sharp
+        return {t: sum(x[f"{m.STEP_COST_MOMENTS}{sorted({'term': t}.items())}"] for x in scraped) for t in TERMS}
     start = own()
     time.sleep(30)
     end = own()
     time.sleep(2)  # Prometheus scrapes every second: let it see the end too
-    from_prometheus = source.step_model(32)
-    direct = fit_moments({t: end[t] - start[t] for t in TERMS})
-    assert from_prometheus is not None and direct is not None and from_prometheus.steps >= 20
-    assert from_prometheus.relative_error < 0.5, from_prometheus
-    shapes = ([(100, 1, True)] * 4, [(0, 48, False)], [(300, 1, True)] * 2 + [(0, 64, False)])
-    print(f"\nstep model from Prometheus: {from_prometheus.steps:.0f} steps, RMS {from_prometheus.relative_error:.0%} "
-          f"of the mean step; predicted vs direct fit (s): "
-          + ", ".join(f"{from_prometheus.predict(s):.4f}/{direct.predict(s):.4f}" for s in shapes))
-    for shape in shapes:
-        assert from_prometheus.predict(shape) == pytest.approx(direct.predict(shape), rel=0.2), (shape, from_prometheus,
-                                                                                                 direct)
+    through = {r["metric"]["term"]: float(r["value"][1]) for r in source.query(step_moments_query(source.selector, 32))}
+    direct = {t: end[t] - start[t] for t in TERMS}
+    print(f"\nstep-cost sums over 30 s, Prometheus vs the engines: steps {through['overhead*overhead']:.0f}/"
+          f"{direct['overhead*overhead']:.0f}, seconds {through['overhead*seconds']:.2f}/"
+          f"{direct['overhead*seconds']:.2f}")
+    assert direct["overhead*overhead"] >= 10, "the load generator kept the engines busy"
+    for term in ("overhead*overhead", "overhead*seconds", "overhead*prefill_tokens", "overhead*decode_seqs"):
+        assert through[term] == pytest.approx(direct[term], rel=0.2), (term, through[term], direct[term])
+    model = source.step_model(32)
+    assert model is not None and model.relative_error < 0.5, model
 
 
 def test_local_tuner_with_real_engines_and_prometheus(engines, tmp_path):
@@ -107,6 +110,14 @@ def test_local_tuner_with_real_engines_and_prometheus(engines, tmp_path):
         assert window["prefill_capacity"] > 0 and len(completed[-1].user_attrs["constraints"]) == 4
         status = json.loads((tmp_path / "status.json").read_text())
         assert status["tuning"]["phase"] == "Exploring" and status["tuning"]["trial"] == len(completed)
+        # every window carries the step-time model's prediction for its knobs at its load (from Prometheus alone)
+        predicted = [h for h in status["history"] if h.get("predicted_itl") and h.get("itl")]
+        assert predicted, status["history"]
+        print("\npredicted / measured ITL p99 per window: "
+              + ", ".join(f"{h['predicted_itl'] / h['itl']:.2f}" for h in predicted))
+        # Not held to a ratio: an 8-s window on this loaded machine has a few dozen steps to fit six coefficients
+        # (1.2-4.9x measured seen here); the predictor's accuracy is tested on the simulator.
+        assert all(math.isfinite(h["predicted_itl"]) and h["step_model_error"] >= 0 for h in predicted)
         check_step_model(loop.measurer.source, servers)
 
         # Prometheus goes away: the tuner holds, records nothing and leaves the knobs alone.

@@ -16,6 +16,7 @@ One `iterate()` is one unit of work:
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,6 +37,12 @@ class Measurer(Protocol):
     def check(self) -> None: ...  # raises MeasurementUnavailable when no data can be had now
     def wait(self, seconds: float) -> None: ...
     def measure(self, seconds: float) -> Window: ...  # the window of `seconds` that ends now
+
+
+class Forecaster(Protocol):
+    """Optional on a Measurer: (the predictor's view of `knobs` at the window's load, the step-time model used),
+    or None when the window says too little."""
+    def forecast(self, knobs: Knobs, seconds: float): ...
 
 
 class Actuator(Protocol):
@@ -242,7 +249,24 @@ class TunerLoop:
         del self.state.history[:-999]  # the local report needs the recent past, not an unbounded list
         self.state.history.append({"epoch": self.study.epoch, "kind": kind, "token_budget": knobs.token_budget,
                                    "max_chunk": knobs.max_chunk, "feasible": ok,
-                                   **window.to_dict()})
+                                   **window.to_dict(), **self._forecast(knobs, window.seconds)})
+
+    def _forecast(self, knobs: Knobs, seconds: float) -> dict:
+        """Predicted next to measured, for every window: how far to trust the step-time model (it does not
+        steer the tuner yet). Nothing when the measurer cannot forecast or the window says too little."""
+        forecast = getattr(self.measurer, "forecast", None)
+        if forecast is None:
+            return {}
+        try:
+            got = forecast(knobs, seconds)
+        except MeasurementUnavailable:
+            return {}
+        if got is None:
+            return {}
+        prediction, model = got
+        ttft = prediction.ttft_p99 if math.isfinite(prediction.ttft_p99) else None  # None: past capacity
+        return {"predicted_itl": prediction.itl_p99, "predicted_ttft": ttft,
+                "predicted_utilization": prediction.utilization, "step_model_error": model.relative_error}
 
 
 _TOLD = ("complete", "cut", "observed")  # _record kinds whose window the study already holds as a trial

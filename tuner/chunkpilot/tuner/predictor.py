@@ -49,6 +49,18 @@ class Prediction:
     ttft_p99: float  # math.inf when utilization >= 1
 
 
+def prompts_from_buckets(buckets: dict[float, float]) -> tuple[tuple[float, float], ...]:
+    """A prompt mix from a cumulative histogram {upper bound: count} (what Prometheus returns): each bucket's
+    requests at its upper bound, the safe side; the +Inf bucket at twice the last finite bound."""
+    out, prev_le, prev = [], 0.0, 0.0
+    for le in sorted(buckets):
+        count = buckets[le] - prev
+        if count > 0:
+            out.append((2 * prev_le if math.isinf(le) else le, count))
+        prev_le, prev = (prev_le if math.isinf(le) else le), buckets[le]
+    return tuple(out)
+
+
 def _chunks(tokens: int, max_chunk: int, start: float) -> list[tuple[int, int, bool]]:
     out = []
     while tokens > 0:

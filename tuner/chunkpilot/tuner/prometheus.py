@@ -15,6 +15,8 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from chunkpilot.engine import metrics as m
 from chunkpilot.tuner.loop import MeasurementUnavailable
 from chunkpilot.tuner.measurement import SLOTargets, Window
+from chunkpilot.tuner.predictor import Load, Prediction, predict, prompts_from_buckets
+from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.step_model import StepModel, fit_moments
 
 
@@ -128,6 +130,20 @@ class PrometheusMeasurer:
         for s in self.source.query(buckets_query(metric, self.source.selector, seconds)):
             out[float(s["metric"]["le"])] = float(s["value"][1])
         return out
+
+    def forecast(self, knobs: Knobs, seconds: float) -> tuple[Prediction, StepModel] | None:
+        """What the step-time model fitted on this window predicts for `knobs` at this window's load, per pod.
+        None when the window holds too few steps or requests."""
+        sel, src = self.source.selector, self.source
+        model = src.step_model(seconds)
+        pods = src.scalar(f"count(count_over_time({m.SCHEDULER_GENERATION}{{{sel}}}[{_w(seconds)}]))")
+        arrivals = src.scalar(rate_query(f"{m.TTFT}_count", sel, seconds)) or 0.0
+        prompts = prompts_from_buckets(self._buckets(m.REQUEST_PROMPT_TOKENS, seconds))
+        running = src.scalar(f"sum(avg_over_time({m.NUM_RUNNING}{{{sel}}}[{_w(seconds)}]))") or 0.0
+        if model is None or not prompts or not pods or arrivals <= 0:
+            return None
+        load = Load(request_rate=arrivals / pods, prompts=prompts, running=running / pods)
+        return predict(model, knobs, load), model
 
     def measure(self, seconds: float) -> Window:
         sel, src = self.source.selector, self.source

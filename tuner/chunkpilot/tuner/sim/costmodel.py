@@ -35,6 +35,15 @@ class CostModel:
         coef = (self.overhead, self.prefill_tokens, self.decode_seqs, self.kv_reads)
         return float(sum(c * f for c, f in zip(coef, features)))
 
+    def as_step_model(self):
+        """The same cost in the engines' step-cost features (chunkpilot.engine.step_cost), for the predictor."""
+        from chunkpilot.tuner.step_model import StepModel
+
+        return StepModel(coefficients={"overhead": self.overhead, "prefill_tokens": self.prefill_tokens,
+                                       "decode_seqs": self.decode_seqs, "kv_kilotokens": self.kv_reads * 1000,
+                                       "tokens_over_512": 0.0, "tokens_over_2048": 0.0},
+                         steps=float("inf"), rms_error=0.0, mean_seconds=self.overhead)
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")

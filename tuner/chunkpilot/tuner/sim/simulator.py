@@ -166,6 +166,16 @@ class SimMeasurer:
     def measure(self, seconds: float) -> Window:
         return self.sim.window(seconds, self.slo)
 
+    def forecast(self, knobs: Knobs, seconds: float):
+        """The predictor on the simulator's own cost (exact) at the window's load."""
+        from chunkpilot.tuner.predictor import predict
+
+        load = self.sim.load(seconds)
+        if not load.prompts:
+            return None
+        model = self.sim.cost.as_step_model()
+        return predict(model, knobs, load), model
+
 
 class SimActuator:
     def __init__(self, sim: Simulator) -> None:
