@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import unittest.mock
 
 from .conftest import require_tool
 
@@ -77,3 +78,26 @@ def test_live_view_renders_latencies_against_the_slos(tmp_path):
     console.print(view.table(run, snap, 42.0))
     text = console.export_text()
     assert "64/64 g3" in text and "2048/2048 g0" in text and "1.70s" in text and "Exploring, 3 trials" in text
+
+
+def test_report_labels_the_time_axis_and_shows_predicted_itl(tmp_path):
+    from chunkpilot.demo import report
+    from chunkpilot.demo.run import DemoConfig, DemoRun
+    from chunkpilot.tuner.state import TunerState
+
+    run = DemoRun(DemoConfig(model="m", out=tmp_path))
+    state = TunerState(mode="auto", history=[
+        {"token_budget": 64, "max_chunk": 64, "itl": 0.2, "feasible": True, "predicted_itl": 0.25},
+        {"token_budget": 2048, "max_chunk": 1024, "itl": 1.5, "feasible": False}])
+    run.tuner = type("T", (), {"state": state})()
+    pts = [(0.0, 0.5), (30.0, 0.4), (60.0, 0.3)]
+    data = {g: {"ttft_p99": pts, "itl_p99": pts, "token_budget": [(0.0, 64.0)], "max_chunk": [(0.0, 64.0)]}
+            for g in ("tuned", "fixed")}
+    with unittest.mock.patch.object(report, "summary_line", return_value="summary"):
+        fig = report.figure(run, data)
+    fig.canvas.draw()
+    time_axis = fig.axes[2]
+    assert time_axis.get_xlabel() == "seconds since the load started"
+    assert any(t.get_text() for t in time_axis.get_xticklabels()), "the time axis has no tick labels"
+    windows = fig.axes[3]
+    assert windows.get_xlabel() == "tuner window" and len(windows.collections) == 2  # measured and predicted
