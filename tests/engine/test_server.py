@@ -218,7 +218,11 @@ def test_knobs_file_changes_apply_mid_stream_and_bad_files_change_nothing(server
                  json.dumps({"token_budget": 64, "max_chunk": 64}).encode(),
                  json.dumps({"token_budget": 10**9, "max_chunk": 64, "generation": gen + 5}).encode()]  # > any step
     for i, data in enumerate(bad_files, start=1):
-        knobs_path.write_bytes(data)
+        # Atomically, as the kubelet swaps a ConfigMap volume: a plain write_bytes truncates first, and a poll that
+        # lands in between reads an empty file, one more refusal than the test counts (seen in CI once).
+        tmp = knobs_path.with_name(".knobs.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(knobs_path)
         assert wait_for(lambda: server.metrics()[names.SCHEDULER_KNOB_ERRORS] == errors + i, timeout=3), data
         m = server.metrics()
         assert (m[names.SCHEDULER_TOKEN_BUDGET], m[names.SCHEDULER_MAX_CHUNK], m[names.SCHEDULER_GENERATION]) == (
