@@ -86,3 +86,13 @@ def test_every_tuning_window_records_predicted_next_to_measured():
     ratios = [h["predicted_itl"] / h["itl"] for h in complete]
     print(f"\npredicted / simulated ITL p99 over {len(ratios)} tuning windows: {sorted(round(r, 2) for r in ratios)}")
     assert 0.5 < float(np.median(ratios)) < 2.0, ratios
+
+
+def test_a_degenerate_fit_gives_finite_predictions():
+    """A thin window can fit every coefficient a step uses to 0: the predictor must still answer, not divide by 0."""
+    from chunkpilot.tuner.step_model import StepModel
+
+    zero = StepModel(coefficients=dict.fromkeys(MODEL.coefficients, 0.0), steps=30, rms_error=0.0, mean_seconds=0.0)
+    for running in (0, 3):
+        p = predict(zero, Knobs(128, 64), Load(request_rate=1.0, prompts=((64, 1.0),), running=running))
+        assert math.isfinite(p.itl_p99) and p.itl_p99 > 0 and math.isfinite(p.prefill_capacity)

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
 from chunkpilot.tuner.space import Knobs, SearchSpace
-from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner.state import TunerState
 from chunkpilot.tuner.study import TunerStudy
 
@@ -260,6 +260,9 @@ class TunerLoop:
         try:
             got = forecast(knobs, seconds)
         except MeasurementUnavailable:
+            return {}
+        except (ArithmeticError, ValueError) as e:  # a diagnostic must never cost a tuning window
+            log.warning("no prediction for %s/%s: %s", knobs.token_budget, knobs.max_chunk, e)
             return {}
         if got is None:
             return {}

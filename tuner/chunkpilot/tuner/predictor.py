@@ -49,6 +49,9 @@ class Prediction:
     ttft_p99: float  # math.inf when utilization >= 1
 
 
+MIN_STEP_SECONDS = 1e-4
+
+
 def prompts_from_buckets(buckets: dict[float, float]) -> tuple[tuple[float, float], ...]:
     """A prompt mix from a cumulative histogram {upper bound: count} (what Prometheus returns): each bucket's
     requests at its upper bound, the safe side; the +Inf bucket at twice the last finite bound."""
@@ -79,7 +82,9 @@ def predict(model: StepModel, knobs: Knobs, load: Load, quantile: float = 0.99) 
     mean_prompt = load.mean_prompt_tokens
 
     def step(chunks: list[tuple[int, int, bool]]) -> float:
-        return model.predict(decode_chunks + chunks) if decode_chunks or chunks else model.coefficients["overhead"]
+        # A fit from a thin window can leave every coefficient a step uses at 0; no step takes no time.
+        seconds = model.predict(decode_chunks + chunks) if decode_chunks or chunks else model.coefficients["overhead"]
+        return max(MIN_STEP_SECONDS, seconds)
 
     decode_step = step([])
     full_step = step(_chunks(share, knobs.max_chunk, mean_prompt / 2))
