@@ -5,7 +5,7 @@
 #
 # k8s.io/kubernetes is not meant to be imported: its go.mod points every staging module (k8s.io/api, client-go, ...)
 # at ./staging. A throwaway module requires it and replaces each of those with the published v0.$MINOR.$PATCH
-# release; main.go is upstream's cmd/<binary> main. A cold build takes ~5.5 min on 2 cores, ~2 GB of memory and
+# release; main.go is upstream's cmd/<binary> main. A cold build takes 6-10 min on 2 cores, ~2 GB of memory and
 # ~4 GB of temporary disk (module and build caches of its own, deleted afterwards); later runs are instant.
 set -euo pipefail
 VERSION=${CHUNKPILOT_KUBE_VERSION:-v1.34.4}
@@ -20,7 +20,7 @@ STAGING_VERSION="v0.${VERSION#v1.}"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/chunkpilot-kube-build.XXXXXX")
 trap 'chmod -R u+w "$WORK" 2>/dev/null; rm -rf "$WORK"' EXIT
 export GOMODCACHE="$WORK/mod" GOCACHE="$WORK/cache" GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
-echo "building kube-apiserver and kube-controller-manager $VERSION into $OUT (one-time, ~6 min) ..." >&2
+echo "building kube-apiserver and kube-controller-manager $VERSION into $OUT (one-time, 6-10 min) ..." >&2
 cd "$WORK"
 mkdir -p src/cmd/kube-apiserver src/cmd/kube-controller-manager
 cd src
