@@ -31,6 +31,17 @@ _COLUMNS = (*FEATURES, TARGET)
 TERMS = tuple(f"{a}*{b}" for i, a in enumerate(_COLUMNS) for b in _COLUMNS[i:])
 
 
+def kv_kilotokens(start: float, n: float) -> float:
+    """Keys read by a chunk of n tokens at position `start` (each query reads the keys before it), in thousands."""
+    return (n * start + n * (n + 1) / 2) / 1000.0
+
+
+def features_of(prefill: float, decodes: float, kv_kilo: float) -> tuple[float, ...]:
+    """The feature vector of a step from its totals (the hinges see prefill and decode tokens together)."""
+    tokens = prefill + decodes
+    return (1.0, float(prefill), float(decodes), float(kv_kilo), *(max(0.0, tokens - k) for k in KNEES))
+
+
 def step_features(chunks: Iterable[tuple[int, int, bool]]) -> tuple[float, ...]:
     """chunks: (start position, number of tokens, is a decode) for every sequence in the step."""
     prefill = decodes = kv = 0.0
@@ -39,9 +50,8 @@ def step_features(chunks: Iterable[tuple[int, int, bool]]) -> tuple[float, ...]:
             decodes += 1
         else:
             prefill += n
-        kv += n * start + n * (n + 1) / 2
-    tokens = prefill + decodes
-    return (1.0, prefill, decodes, kv / 1000.0, *(max(0.0, tokens - k) for k in KNEES))
+        kv += kv_kilotokens(start, n)
+    return features_of(prefill, decodes, kv)
 
 
 def moments_matrix(terms: dict[str, float]) -> np.ndarray:
@@ -54,12 +64,16 @@ def moments_matrix(terms: dict[str, float]) -> np.ndarray:
     return out
 
 
+def terms_of(products: np.ndarray) -> dict[str, float]:
+    """Term sums from a (features + target) product matrix, e.g. rowsᵀ·rows of (features..., seconds) rows."""
+    return dict(zip(TERMS, products[np.triu_indices(len(_COLUMNS))].tolist()))
+
+
 class StepMoments:
     """The engine's running sums, added to by the step loop and read by the metrics scrape (another thread)."""
 
     def __init__(self) -> None:
         self._sums = np.zeros((len(_COLUMNS), len(_COLUMNS)))
-        self._upper = np.triu_indices(len(_COLUMNS))
         self._lock = threading.Lock()
 
     def add(self, features: tuple[float, ...], seconds: float) -> None:
@@ -69,5 +83,4 @@ class StepMoments:
 
     def terms(self) -> dict[str, float]:
         with self._lock:
-            values = self._sums[self._upper].tolist()
-        return dict(zip(TERMS, values))
+            return terms_of(self._sums)

@@ -1,26 +1,36 @@
-"""Step time as a linear function of what the step computes, fitted on the real engine.
+"""Step time for the simulator: what a step of (start, tokens, is_decode) chunks costs.
 
-features: 1 (per-step overhead: Python, kernel launches), prefill tokens (weight matmuls), decode sequences
-(their matmul rows plus per-sequence bookkeeping), and KV tokens read (attention: every query reads the keys
-before it, so a chunk of n tokens starting at position s reads n·s + n(n+1)/2 keys)."""
+* `CostModel`: a linear function of what the step computes, fitted on the real engine (CPU-shaped: every prompt
+  token costs from the first). features: 1 (per-step overhead: Python, kernel launches), prefill tokens (weight
+  matmuls), decode sequences (their matmul rows plus per-sequence bookkeeping), and KV tokens read (attention:
+  every query reads the keys before it; the engine's step_cost owns that formula).
+* `GpuShapedCost`: a roofline (GPU-shaped): a step costs about the same until its tokens turn it compute-bound,
+  then grows linearly. Its knee lies between the step-time model's hinges on purpose: the tuner's model must fit a
+  shape it was not written for."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
+
+from chunkpilot.engine import step_cost
 
 FEATURES = ("overhead", "prefill_tokens", "decode_seqs", "kv_reads")
 
 
 def step_features(chunks: list[tuple[int, int, bool]]) -> tuple[float, float, float, float]:
-    """chunks: (start, num_tokens, is_decode) for every sequence in the step."""
-    prefill = sum(n for _, n, d in chunks if not d)
-    decodes = sum(1 for _, _, d in chunks if d)
-    kv = sum(n * s + n * (n + 1) / 2 for s, n, _ in chunks)
-    return (1.0, float(prefill), float(decodes), float(kv))
+    """chunks: (start, num_tokens, is_decode) for every sequence in the step. The engine's features, with KV reads
+    in tokens (the fitted JSON's unit) rather than thousands."""
+    one, prefill, decodes, kv_kilo, *_ = step_cost.step_features(chunks)
+    return (one, prefill, decodes, kv_kilo * 1000.0)
+
+
+class StepCost(Protocol):
+    def step_seconds(self, chunks: list[tuple[int, int, bool]]) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,9 @@ class CostModel:
     def step_time(self, features: tuple[float, float, float, float]) -> float:
         coef = (self.overhead, self.prefill_tokens, self.decode_seqs, self.kv_reads)
         return float(sum(c * f for c, f in zip(coef, features)))
+
+    def step_seconds(self, chunks: list[tuple[int, int, bool]]) -> float:
+        return self.step_time(step_features(chunks))
 
     def as_step_model(self):
         """The same cost in the engines' step-cost features (chunkpilot.engine.step_cost), for the predictor."""
@@ -52,6 +65,48 @@ class CostModel:
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
         return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass(frozen=True)
+class GpuShapedCost:
+    """overhead + max(flat, tokens x per_token) + KV reads + decode bookkeeping: memory-bound (reading the weights
+    once per step: `flat`) until a step's tokens make it compute-bound at flat / per_token tokens."""
+
+    overhead: float
+    flat: float
+    per_token: float
+    kv_reads: float = 0.0  # seconds per KV token read
+    decode_seqs: float = 0.0
+    note: str = ""
+
+    @property
+    def knee(self) -> float:
+        return self.flat / self.per_token
+
+    def step_seconds(self, chunks: list[tuple[int, int, bool]]) -> float:
+        _, prefill, decodes, kv = step_features(chunks)
+        return (self.overhead + max(self.flat, (prefill + decodes) * self.per_token) + kv * self.kv_reads
+                + decodes * self.decode_seqs)
+
+
+@dataclass(frozen=True)
+class FittedCost:
+    """The step-time model the tuner fitted from an engine's own steps (chunkpilot.tuner.step_model), as the
+    simulator's cost: what-ifs on a run's own trace, e.g. the demo's best fixed knobs in hindsight."""
+
+    model: object  # StepModel
+
+    def step_seconds(self, chunks: list[tuple[int, int, bool]]) -> float:
+        return max(1e-4, self.model.predict(chunks))
+
+
+def gpu_shaped() -> GpuShapedCost:
+    """A GPU's shape at the CPU model's time scale, so the same workloads and SLOs make both knobs matter: a step
+    costs 0.12 s up to a knee at 300 tokens (between the step-time model's hinges at 0 and 512), then 0.4 ms a
+    token, about the CPU fit's slope. (An H200 is ~100x faster on an 8B model; the shape, not the scale, is what
+    the tuner has to learn.)"""
+    return GpuShapedCost(overhead=0.01, flat=0.12, per_token=0.0004, kv_reads=2e-7, decode_seqs=0.001,
+                         note="GPU-shaped roofline: 0.13 s flat to a knee at 300 tokens, then 0.4 ms/token")
 
 
 def fit(samples: list[tuple[tuple[float, float, float, float], float]], note: str = "") -> CostModel:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from chunkpilot.loadgen.workloads import MIXES, SHAPES, Phase, build_workload, scaled
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import SLOTargets, Window
-from chunkpilot.tuner.sim.costmodel import CostModel
+from chunkpilot.tuner.sim.costmodel import StepCost
 from chunkpilot.tuner.sim.simulator import SimActuator, SimMeasurer, Simulator
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import TunerState
@@ -29,7 +29,7 @@ class Scenario:
                               seed=self.seed + seed_offset, shapes=shapes)
 
 
-def evaluate(knobs: Knobs, scenario: Scenario, cost: CostModel, slo: SLOTargets, seconds: float = 600.0,
+def evaluate(knobs: Knobs, scenario: Scenario, cost: StepCost, slo: SLOTargets, seconds: float = 600.0,
              warmup: float = 60.0) -> Window:
     """Fixed knobs for the whole run; the window after the warm-up."""
     sim = Simulator(cost, scenario.workload(seconds + warmup, seed_offset=1000), knobs)
@@ -52,7 +52,7 @@ class TuneResult:
     best_after: list[Knobs | None] = field(default_factory=list)  # the incumbent after each iteration
 
 
-def tune(scenario: Scenario, cost: CostModel, slo: SLOTargets, space: SearchSpace, settings: TunerSettings,
+def tune(scenario: Scenario, cost: StepCost, slo: SLOTargets, space: SearchSpace, settings: TunerSettings,
          *, iterations: int, start: Knobs, storage: str = ":memory:", seed: int = 0) -> TuneResult:
     """The tuner online against one long simulated run (the load keeps arriving while it tries knobs)."""
     horizon = iterations * (settings.window + settings.warmup) * 2 + 600
@@ -60,7 +60,9 @@ def tune(scenario: Scenario, cost: CostModel, slo: SLOTargets, space: SearchSpac
     study = TunerStudy(storage, "sim", space, slo, settings.objective, seed=seed)
     pub = _Quiet()
     loop = TunerLoop(settings, space, study, SimActuator(sim), SimMeasurer(sim, slo), pub, slo)
-    sim.advance(settings.warmup)
+    # The deployment served at the start-up knobs for a window before the tuner looked (as Prometheus holds the
+    # minutes before a tuner starts): the guided tuner's first model and load come from it.
+    sim.advance(settings.warmup + settings.window)
     out = TuneResult(best=None)
     for _ in range(iterations):
         loop.iterate()

@@ -11,6 +11,7 @@ from collections import deque
 
 import numpy as np
 
+from chunkpilot.engine import step_cost
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.sampling_params import SamplingParams
@@ -19,12 +20,17 @@ from chunkpilot.engine.sequence import Sequence
 from chunkpilot.loadgen.stats import SLO, RequestRecord
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.measurement import SLOTargets, Window
-from chunkpilot.tuner.sim.costmodel import CostModel, step_features
+from chunkpilot.tuner.predictor import Load, prompts_from_buckets
+from chunkpilot.tuner.sim.costmodel import StepCost
 from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.step_model import StepModel, fit_moments
+
+# The engine's prompt-token histogram bounds (metrics.py), so the simulator's load reads like Prometheus's
+PROMPT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, float("inf"))
 
 
 class Simulator:
-    def __init__(self, cost: CostModel, requests: list[RequestSpec], knobs: Knobs, *, block_size: int = 16,
+    def __init__(self, cost: StepCost, requests: list[RequestSpec], knobs: Knobs, *, block_size: int = 16,
                  num_blocks: int = 8192, max_num_seqs: int = 64, max_model_len: int = 16384) -> None:
         self.cost = cost
         self.holder = KnobHolder(SchedulerKnobs(knobs.token_budget, knobs.max_chunk, 0), min_token_budget=1)
@@ -39,6 +45,9 @@ class Simulator:
         self.steps = 0
         # (end, seconds, prompt tokens) of steps that computed prompt tokens: the engine's prefill_busy counters
         self.prefill_busy: list[tuple[float, float, int]] = []
+        # (end, the engine's step-cost features..., seconds) of every step: what the engine's step-cost counters
+        # sum, so the tuner's model is fitted from the simulator's steps the way it is from Prometheus
+        self.step_log: list[tuple[float, ...]] = []
 
     # -- knobs --------------------------------------------------------------------------------------------
     @property
@@ -81,11 +90,11 @@ class Simulator:
             if out.is_empty:  # everything waits for KV blocks that only arrivals cannot free: let time pass
                 self.now = min(until, self.pending[0].arrival) if self.pending else until
                 continue
-            decodes = set(id(c) for c in out.chunks[: out.num_decodes])
-            feats = step_features([(c.start, c.num_tokens, id(c) in decodes) for c in out.chunks])
-            seconds = self.cost.step_time(feats)
+            chunks = [(c.start, c.num_tokens, i < out.num_decodes) for i, c in enumerate(out.chunks)]
+            seconds = self.cost.step_seconds(chunks)
             self.now += seconds
             self.steps += 1
+            self.step_log.append((self.now, *step_cost.step_features(chunks), seconds))
             if out.num_prefill_tokens:
                 self.prefill_busy.append((self.now, seconds, out.num_prefill_tokens))
             sampled = {c.seq.request_id: 1000 + (c.start % 1000) for c in out.chunks if c.samples}
@@ -141,16 +150,27 @@ class Simulator:
         )
 
 
-    def load(self, seconds: float):
-        """The predictor's view of the window of `seconds` ending now: arrivals, their prompt mix, and the decodes
-        in flight on average."""
-        from chunkpilot.tuner.predictor import Load
-
+    def load(self, seconds: float) -> Load:
+        """The predictor's view of the window of `seconds` ending now, as Prometheus gives it: arrivals, their
+        prompt mix in the engine's histogram buckets, and the decodes in flight on average (as far back as the
+        run goes)."""
+        seconds = max(1e-9, min(seconds, self.now))
         t1, t0 = self.now, self.now - seconds
         decoding = sum(max(0.0, min(r.end or t1, t1) - max(r.first_token, t0)) for r in self.records
                        if r.first_token is not None and r.first_token < t1 and (r.end or t1) > t0) / seconds
-        prompts = tuple((float(p), 1.0) for a, p, _ in self.arrivals if t0 < a <= t1)
-        return Load(request_rate=len(prompts) / seconds, prompts=prompts, running=decoding)
+        arrived = [p for a, p, _ in self.arrivals if t0 < a <= t1]
+        cumulative = {le: float(sum(1 for p in arrived if p <= le)) for le in PROMPT_BUCKETS}
+        return Load(request_rate=len(arrived) / seconds, prompts=prompts_from_buckets(cumulative, float(np.mean(arrived)) if arrived else None),
+                    running=decoding)
+
+    def step_model(self, seconds: float) -> StepModel | None:
+        """The step-time model fitted on the steps that ended in the last `seconds` (as the tuner fits it from the
+        engines' counters)."""
+        t0 = self.now - seconds
+        rows = np.array([r[1:] for r in self.step_log[-20000:] if r[0] > t0])
+        if len(rows) == 0:
+            return None
+        return fit_moments(step_cost.terms_of(rows.T @ rows))
 
 
 class SimMeasurer:
@@ -166,15 +186,15 @@ class SimMeasurer:
     def measure(self, seconds: float) -> Window:
         return self.sim.window(seconds, self.slo)
 
-    def forecast(self, knobs: Knobs, seconds: float):
-        """The predictor on the simulator's own cost (exact) at the window's load."""
-        from chunkpilot.tuner.predictor import predict
+    def context(self, seconds: float):
+        """The step-time model fitted on the window's steps and the window's load (one pod)."""
+        from chunkpilot.tuner.guide import Context
 
         load = self.sim.load(seconds)
-        if not load.prompts:
+        model = self.sim.step_model(seconds)
+        if not load.prompts or model is None:
             return None
-        model = self.sim.cost.as_step_model()
-        return predict(model, knobs, load), model
+        return Context(model=model, load=load, pods=1)
 
 
 class SimActuator:
