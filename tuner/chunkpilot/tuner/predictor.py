@@ -1,6 +1,6 @@
 """What candidate knobs would do at the measured load, from the step-time model (chunkpilot.tuner.step_model):
 the inter-token latency p99, the prefill capacity and its utilization, and a TTFT estimate. Pure functions, so the
-tuner can screen every candidate before trying one (groundwork for issue 15: nothing calls it yet).
+tuner can screen every candidate before trying one (chunkpilot.tuner.guide).
 
 The scheduler's semantics (DESIGN.md) make the worst decode gap easy to name: a step first gives one token to every
 running decode, then spends the rest of the token budget on prompt chunks of at most `max_chunk` tokens. While
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from chunkpilot.engine.step_cost import features_of, kv_kilotokens
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.step_model import StepModel
 
@@ -50,25 +51,37 @@ class Prediction:
 
 
 MIN_STEP_SECONDS = 1e-4
+# The ITL p99 is read at a tail this many times thinner (p99 -> p99.75). A window's p99 is a p99 of a few hundred
+# gaps, and the prefill steps sit right at that edge: at 0.15 req/s with one-step prompts they were 0.8 % of the
+# gaps, so the p99 read the decode step (0.06 s) while the demo's windows measured the prefill stall (0.4 s).
+# Bursts put several prompts into one window; the thinner tail counts a step kind that is rare on average.
+WINDOW_TAIL = 4.0
 
 
-def prompts_from_buckets(buckets: dict[float, float]) -> tuple[tuple[float, float], ...]:
+def prompts_from_buckets(buckets: dict[float, float], mean: float | None = None) -> tuple[tuple[float, float], ...]:
     """A prompt mix from a cumulative histogram {upper bound: count} (what Prometheus returns): each bucket's
-    requests at its upper bound, the safe side; the +Inf bucket at twice the last finite bound."""
+    requests at its upper bound, the +Inf bucket at twice the last finite bound; then, when the true `mean` is
+    known (the histogram's _sum / _count), every length scaled so the mix has that mean. Upper bounds alone
+    overstate a doubling layout's prompts by up to 2x, and with them the prompt demand."""
     out, prev_le, prev = [], 0.0, 0.0
     for le in sorted(buckets):
         count = buckets[le] - prev
         if count > 0:
             out.append((2 * prev_le if math.isinf(le) else le, count))
         prev_le, prev = (prev_le if math.isinf(le) else le), buckets[le]
+    total = sum(w for _, w in out)
+    if mean and total > 0:
+        scale = mean / (sum(n * w for n, w in out) / total)
+        out = [(max(1.0, n * scale), w) for n, w in out]
     return tuple(out)
 
 
-def _chunks(tokens: int, max_chunk: int, start: float) -> list[tuple[int, int, bool]]:
+def _chunks(tokens: int, max_chunk: int, start: float) -> list[tuple[float, int]]:
+    """(start, tokens) of the prompt chunks that fill `tokens` of a step, at most max_chunk each."""
     out = []
     while tokens > 0:
         n = min(tokens, max_chunk)
-        out.append((int(start), n, False))
+        out.append((start, n))
         tokens -= n
         start += n
     return out
@@ -78,13 +91,15 @@ def predict(model: StepModel, knobs: Knobs, load: Load, quantile: float = 0.99) 
     decodes = max(0, round(load.running))
     share = max(1, knobs.token_budget - decodes)  # what a step has left for prompts
     per_prompt = min(knobs.max_chunk, share)  # one prompt gets at most this many tokens a step
-    decode_chunks = [(int(load.mean_context), 1, True)] * decodes
+    decode_kv = decodes * kv_kilotokens(load.mean_context, 1)
     mean_prompt = load.mean_prompt_tokens
 
-    def step(chunks: list[tuple[int, int, bool]]) -> float:
-        # A fit from a thin window can leave every coefficient a step uses at 0; no step takes no time.
-        seconds = model.predict(decode_chunks + chunks) if decode_chunks or chunks else model.coefficients["overhead"]
-        return max(MIN_STEP_SECONDS, seconds)
+    def step(chunks: list[tuple[float, int]]) -> float:
+        """Seconds of a step with the running decodes and these prompt chunks (from the totals: the screen
+        predicts every candidate, thousands of steps each)."""
+        kv = decode_kv + sum(kv_kilotokens(start, n) for start, n in chunks)
+        seconds = model.step_seconds(features_of(sum(n for _, n in chunks), decodes, kv))
+        return max(MIN_STEP_SECONDS, seconds)  # a thin window's fit can zero every coefficient a step uses
 
     decode_step = step([])
     full_step = step(_chunks(share, knobs.max_chunk, mean_prompt / 2))
@@ -103,17 +118,21 @@ def predict(model: StepModel, knobs: Knobs, load: Load, quantile: float = 0.99) 
         start, left = 0, int(round(tokens))
         while left > 0:
             n = min(left, per_prompt)
-            others = int(u * (share - n))
-            seconds = step([(start, n, False)] + _chunks(others, knobs.max_chunk, mean_prompt / 2))
-            gaps.append((seconds, rate))
-            busy += rate * seconds
+            # Alone in the step, or (while other prompts wait: about u of the time, as in an M/M/1 queue where
+            # P(another waits | busy) = u) with the rest of the share full of other prompts' chunks.
+            for others, share_of_steps in ((0, 1 - u), (share - n, u)):
+                if share_of_steps <= 0:
+                    continue
+                seconds = step([(start, n)] + _chunks(others, knobs.max_chunk, mean_prompt / 2))
+                gaps.append((seconds, rate * share_of_steps))
+                busy += rate * share_of_steps * seconds
             start, left = start + n, left - n
     gaps.append((decode_step, max(0.0, 1 - busy) / decode_step))
     total = sum(r for _, r in gaps)
     above, itl, prefill_step = 0.0, decode_step, decode_step
     for seconds, r in sorted(gaps, reverse=True):
         above += r
-        if above >= (1 - quantile) * total:
+        if above >= (1 - quantile) / WINDOW_TAIL * total:
             itl = seconds
             break
     prefill_step = max((s for s, _ in gaps[:-1]), default=decode_step)
@@ -125,7 +144,7 @@ def predict(model: StepModel, knobs: Knobs, load: Load, quantile: float = 0.99) 
         # approximation, P(wait > t) = u·exp(-t(1-u)/mean service).
         long = load.prompt_quantile(quantile)
         per_step = step(_chunks(per_prompt, knobs.max_chunk, long / 2) if long > per_prompt else
-                        [(0, int(long), False)])
+                        [(0, int(long))])
         service = math.ceil(long / per_prompt) * per_step
         mean_service = busy / load.request_rate if load.request_rate > 0 else 0.0
         tail = 1 - quantile
