@@ -96,12 +96,17 @@ def test_local_tuner_with_real_engines_and_prometheus(engines, tmp_path):
     try:
         loop = tuner()
         assert wait_for(lambda: len(loop.measurer.source.generations()) == 2, 30)  # first scrapes
-        outcomes = [loop.iterate() for _ in range(3)]
+        # Model-guided (the default): the first iteration may measure the running knobs (a fresh Prometheus has
+        # too few steps to fit), then trials follow, each screened by the model fitted from Prometheus alone.
+        outcomes = []
+        while len(loop.study.completed()) < 2 and len(outcomes) < 6:
+            outcomes.append(loop.iterate())
         completed = loop.study.completed()
         assert len(completed) >= 2, (outcomes, loop.state.reason)
+        assert any("allowed" in h for h in loop.state.history), loop.state.history  # the guide judged the space
         # Knobs changed, and both engines report (and Prometheus saw) the generation that carries them.
         gen = parse_knobs(knobs_file.read_bytes()).generation
-        assert gen >= 2
+        assert gen >= 1
         assert all(s.metrics()["chunkpilot:scheduler_generation"] == gen for s in servers)
         assert sorted(loop.measurer.source.generations()) == [gen, gen]
         window = completed[-1].user_attrs["window"]

@@ -35,6 +35,8 @@ def run(
     start: str = typer.Option("512:512", help="--local: knobs before the first trial, BUDGET:CHUNK."),
     mode: str = typer.Option("auto", help="--local: auto (apply) or advisory (recommend only)."),
     objective: str = typer.Option("goodput", help="goodput or throughput."),
+    guidance: str = typer.Option("model", help="--local: model (try only knobs the step-time model predicts keep "
+                                               "the SLOs) or blackbox (Optuna alone)."),
     window: float = typer.Option(60.0, help="--local: seconds per measurement window."),
     warmup: float = typer.Option(10.0, help="--local: seconds skipped after each change."),
     max_trials: int = typer.Option(30, help="--local: trials before exploiting the best."),
@@ -97,7 +99,7 @@ def run(
             deployment=name, slo=slo, budget_bounds=parse_bounds(budget_bounds, "budget-bounds"),
             chunk_bounds=parse_bounds(chunk_bounds, "chunk-bounds"), storage=storage, seed=seed,
             settings=TunerSettings(mode=mode, objective=objective, window=window, warmup=warmup,
-                                   max_trials=max_trials, min_requests=min_requests))
+                                   max_trials=max_trials, min_requests=min_requests, guidance=guidance))
         loop = build_local(config, knobs_file=knobs_file, prometheus_url=prometheus_url, selector=selector,
                            start=Knobs(b, min(b, c)), status_file=status_file, metrics=metrics, stop=stop)
     except ValueError as e:

@@ -120,6 +120,10 @@ class TuningSpec(_Model):
     warmup_seconds: int = Field(10, alias="warmupSeconds", ge=0, le=600, description="Skipped after every change.")
     max_trials: int = Field(30, alias="maxTrials", ge=1, le=1000, description="Trials before exploiting the best.")
     objective: Literal["goodput", "throughput"] = Field("goodput", description="What to maximize within the SLOs.")
+    guidance: Literal["model", "blackbox"] = Field(
+        "model", description="model: try only knobs a step-time model, fitted on the engines' own steps while they "
+                             "serve, predicts to keep the SLOs (and say NoFeasibleKnobs when none can); blackbox: "
+                             "Optuna alone, for comparison.")
 
 
 class MonitoringSpec(_Model):
@@ -173,6 +177,11 @@ class TuningStatus(_Model):
     recommendation: KnobsMeasurement | None = Field(None, description="Advisory mode: what the tuner would apply.")
     last_change: str | None = Field(None, alias="lastChange", description="When the knobs last changed.")
     reason: str = Field("", description="Why the tuner is in this phase.")
+    feasible: bool | None = Field(None, description="Model-guided tuning: whether any knobs in bounds are predicted "
+                                                    "(or were measured) to keep the SLOs at the measured load.")
+    replicas_needed: int | None = Field(None, alias="replicasNeeded", ge=1,
+                                        description="When no knobs are feasible: the replicas predicted to meet the "
+                                                    "SLOs at the closest knobs (absent: more would not help).")
 
 
 class SLOStatus(_Model):

@@ -72,7 +72,7 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
         chunk_bounds=(b.max_chunk.min, b.max_chunk.max), storage=cluster.storage, seed=cluster.seed,
         settings=TunerSettings(mode=s.tuning.mode, objective=s.tuning.objective, window=s.tuning.window_seconds,
                                warmup=s.tuning.warmup_seconds, max_trials=s.tuning.max_trials,
-                               min_requests=cluster.min_requests))
+                               min_requests=cluster.min_requests, guidance=s.tuning.guidance))
 
 
 class StatusWriter:
@@ -128,7 +128,7 @@ class StatusPublisher:
                  post_event=None) -> None:
         self.writer, self.config, self.metrics = writer, config, metrics
         self.post_event = post_event  # (type, reason, message) -> a Kubernetes Event on the resource
-        self._healthy, self._last_change = True, None
+        self._healthy, self._last_change, self._feasible = True, None, None
 
     def _events(self, state: TunerState) -> None:
         """`kubectl describe` tells an SRE when the tuner moved knobs and when it stopped being able to."""
@@ -140,6 +140,13 @@ class StatusPublisher:
             else:
                 self.post_event("Warning", "MeasurementsUnavailable", state.reason)
             self._healthy = state.healthy
+        if state.feasible is not None and state.feasible != self._feasible:
+            if state.feasible is False:
+                self.post_event("Warning", "NoFeasibleKnobs", state.feasible_reason)
+            elif self._feasible is False:
+                self.post_event("Normal", "FeasibleKnobs", "knobs are predicted to keep the SLOs again; tuning "
+                                                           "explores inside them")
+            self._feasible = state.feasible
         if state.last_change and state.last_change != self._last_change and state.current is not None:
             self._last_change = state.last_change
             self.post_event("Normal", "KnobsTuned", f"token budget {state.current.token_budget}, max chunk "

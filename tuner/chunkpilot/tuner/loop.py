@@ -11,6 +11,14 @@ One `iterate()` is one unit of work:
   beyond a threshold (rate, prompt or output length) starts a new epoch: a fresh study seeded with the incumbent.
 * Holding: measurements failed (Prometheus down, or no data); knobs stay, no trial is recorded, retry with backoff.
 * Advisory: measure whatever knobs run, recommend the best feasible seen; change nothing.
+
+Model-guided (the default, `guidance="model"`; chunkpilot.tuner.guide): before every ask, the step-time model is
+refitted on the last window and every candidate is judged at the measured load. The epoch's first trial is the
+predicted best; Optuna's asks that are predicted to breach an SLO are not tried (told to Optuna as pruned, with
+their predicted constraints, so the sampler learns where not to go and refines inside the predicted-safe set);
+knobs measured in the epoch count by their measurement. When no knobs are predicted safe and none measured so,
+the loop says NoFeasibleKnobs with the replicas needed and applies the closest knobs instead of exploring.
+`guidance="blackbox"` is the earlier tuner (Optuna alone), kept for comparison.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from chunkpilot.kube.conditions import now_rfc3339
+from chunkpilot.tuner import guide
+from chunkpilot.tuner.predictor import predict
 from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import TunerState
@@ -40,9 +50,9 @@ class Measurer(Protocol):
 
 
 class Forecaster(Protocol):
-    """Optional on a Measurer: (the predictor's view of `knobs` at the window's load, the step-time model used),
-    or None when the window says too little."""
-    def forecast(self, knobs: Knobs, seconds: float): ...
+    """Optional on a Measurer: the step-time model fitted on the window of `seconds` that ends now and that
+    window's load per pod, or None when the window says too little. Without it the loop runs black-box."""
+    def context(self, seconds: float) -> guide.Context | None: ...
 
 
 class Actuator(Protocol):
@@ -58,6 +68,7 @@ class Publisher(Protocol):
 @dataclass(frozen=True)
 class TunerSettings:
     mode: str = "auto"  # auto | advisory
+    guidance: str = "model"  # model: try only knobs the step-time model predicts safe | blackbox: Optuna alone
     objective: str = "goodput"
     window: float = 60.0
     warmup: float = 10.0
@@ -68,6 +79,9 @@ class TunerSettings:
     incumbent_every: int = 5
     drift_load_shift: float = 0.5  # relative change of rate / prompt / output length that re-opens exploration
     drift_breach_windows: int = 3  # consecutive windows of the best knobs over a latency SLO re-open exploration
+    # The guide fits its model and reads the load over this many windows: one window's burst must not make every
+    # knob look unsafe (the load is the knobs' input, not their result), and more steps at more knobs fit better.
+    lookback_windows: float = 3.0
     apply_timeout: float = 60.0
     poll: float = 1.0
     backoff_initial: float = 2.0
@@ -86,9 +100,14 @@ class TunerLoop:
         self.slo = slo
         self.state = TunerState(mode=settings.mode, epoch=study.epoch, trial=study.total_completed(),
                                 best=study.best())
+        if settings.guidance not in GUIDANCE:
+            raise ValueError(f"guidance must be one of {', '.join(GUIDANCE)}, got {settings.guidance!r}")
         self._backoff = settings.backoff_initial
         self._breaches = 0
         self._since_incumbent = 0
+        self._baseline = False  # guided: the one window measured before any model could be fitted
+        # guided needs a measurer that can fit the model (Prometheus, the simulator); others run black-box
+        self._guided = settings.guidance == "model" and hasattr(measurer, "context")
         if study.closed_stale:
             self.state.reason = f"closed {study.closed_stale} trial(s) interrupted by a restart"
 
@@ -106,6 +125,8 @@ class TunerLoop:
             self.state.healthy = True
         except MeasurementUnavailable as e:
             outcome = self._hold(str(e))
+        if self.state.feasible is False and self.state.healthy and self.state.phase == "Exploring":
+            self.state.reason = f"NoFeasibleKnobs: {self.state.feasible_reason} ({self.state.reason})"
         self.state.best = self.study.best()
         self.state.trial = self.study.total_completed()
         self.state.epoch = self.study.epoch
@@ -123,7 +144,10 @@ class TunerLoop:
         if best is not None and self._since_incumbent >= self.s.incumbent_every:
             self.study.enqueue(best.knobs, "incumbent")
             self._since_incumbent = 0
-        trial, knobs = self.study.ask()
+        context = self._context(self.s.window * self.s.lookback_windows) if self._guided else None
+        if context is None and self._guided and not self.study.completed() and not self._baseline:
+            return self._measure_baseline()
+        trial, knobs = self._ask(context)
         try:
             self._apply(knobs)
             self.measurer.wait(self.s.warmup)
@@ -162,12 +186,124 @@ class TunerLoop:
         self.state.reason = f"trial {self.study.explored()}/{self.s.max_trials} of epoch {self.study.epoch}"
         return "trial"
 
+    def _measure_baseline(self) -> str:
+        """Guided, with nothing to fit yet (the tuner started with the load): one window at the knobs that run, so
+        that the first trial is the predicted best rather than a guess. Recorded, not told as a trial."""
+        self._baseline = True
+        knobs = self.actuator.current()
+        self.measurer.wait(self.s.window)
+        window = self.measurer.measure(self.s.window)
+        self._record(knobs, window, "baseline")
+        self.state.reason = "measuring the running knobs once: the step-time model needs steps to fit"
+        return "baseline"
+
+    def _ask(self, context: guide.Context | None):
+        """The next trial: Optuna's ask, screened by the step-time model when guided."""
+        if not self._guided or context is None:
+            self.state.feasible, self.state.replicas_needed = None, None
+            return self.study.ask()  # nothing to predict from yet (too few steps or requests): black-box
+        shift = self._load_shift(context)
+        if shift > self.s.drift_load_shift:
+            # what this epoch measured describes another load: it no longer decides, nor calibrates
+            self.study.new_epoch([])
+            self.state.reason = (f"load moved by {shift:.0%} while exploring: exploring again from the predicted "
+                                 f"best (epoch {self.study.epoch})")
+            log.info("%s", self.state.reason)
+        observations = self._observations()
+        screened = guide.screen(context, self.space.all_knobs(), self.slo, observations,
+                                stress=self.s.drift_load_shift)
+        # A measurement wins over a prediction, where it was taken at about this load (within the drift the
+        # tuner tolerates: a calm minute's "feasible" says nothing about a busy one); elsewhere the prediction,
+        # calibrated by that window, decides.
+        now = (context.load.request_rate * context.pods, context.load.mean_prompt_tokens, 0.0)
+        measured = {m.knobs: m for m in self.study.measured()
+                    if load_shift(_load(m.window)[:2] + (0.0,), now) <= self.s.drift_load_shift}
+        allowed = {c.knobs for c in screened if c.safe and c.knobs not in measured}
+        allowed |= {k for k, m in measured.items() if m.feasible}
+        self.state.predicted_safe = len(allowed)
+        if not allowed:
+            # closest to keeping the SLOs at the load now (the headroom is for exploring, not for this)
+            unstressed = guide.screen(context, self.space.all_knobs(), self.slo, observations)
+            closest = guide.closest(unstressed, self.slo)
+            pressure = {c.knobs: c.pressure for c in unstressed}
+            self.state.feasible = False
+            # as safe is judged: with the load headroom the tuner keeps
+            self.state.replicas_needed = guide.replicas_needed(guide.stressed(context, self.s.drift_load_shift),
+                                                               closest, self.slo, observations)
+            self.state.feasible_reason = (
+                f"no knobs in bounds are predicted to keep the SLOs at {context.load.request_rate:.2f} req/s per "
+                f"pod ({context.pods} pod{'s' * (context.pods != 1)}); applying the closest, "
+                f"{closest.token_budget}/{closest.max_chunk} ({pressure[closest]:.0%} of the tightest limit, "
+                f"calibrated by {len(observations)} measured window{'s' * (len(observations) != 1)}); "
+                + (f"about {self.state.replicas_needed} replicas would be needed" if self.state.replicas_needed
+                   else "more replicas would not help (a single request is too slow for the SLO)"))
+            self.study.enqueue(closest, "closest")
+            return self.study.ask()
+        self.state.feasible, self.state.replicas_needed, self.state.feasible_reason = True, None, ""
+        log.info("%d of %d knobs allowed at %.2f req/s per pod (%d measured); predicted best %s/%s at %.0f%% of "
+                 "its tightest limit", len(allowed), len(screened), context.load.request_rate, len(measured),
+                 screened[0].knobs.token_budget, screened[0].knobs.max_chunk, 100 * screened[0].pressure)
+        if not self.study.completed() and not self.study.waiting():
+            best = next(c for c in screened if c.knobs in allowed)
+            self.study.enqueue(best.knobs, "predicted")  # the epoch's first trial: the predicted best
+        by_knobs = {c.knobs: c for c in screened}
+        for _ in range(MAX_REJECTED_ASKS):
+            trial, knobs = self.study.ask()
+            if knobs in allowed or trial.user_attrs.get("kind") in ("incumbent", "predicted"):
+                return trial, knobs
+            c = by_knobs[knobs]
+            self.study.reject(trial, c.candidate.constraints(self.slo), "measured infeasible" if knobs in measured else
+                              f"predicted pressure {c.pressure:.2f} (> 1)")
+        # the sampler keeps asking outside the safe set: the least-pressure allowed knobs not measured yet, else
+        # the least-pressure allowed ones
+        ranked = [c.knobs for c in screened if c.knobs in allowed]
+        untried = [k for k in ranked if k not in measured]
+        self.study.enqueue((untried or ranked)[0], "predicted")
+        return self.study.ask()
+
+    def _load_shift(self, context: guide.Context) -> float:
+        """How far the load now (rate and mean prompt, the whole deployment) is from the mean of the epoch's
+        trial windows; 0 before any."""
+        windows = [t.user_attrs.get("window") for t in self.study.completed()]
+        windows = [w for w in windows if w]
+        if not windows:
+            return 0.0
+        reference = (sum(w["request_rate"] for w in windows) / len(windows),
+                     sum(w["mean_prompt_tokens"] for w in windows) / len(windows), 0.0)
+        now = (context.load.request_rate * context.pods, context.load.mean_prompt_tokens, 0.0)
+        return load_shift(reference, now)
+
+    def _context(self, seconds: float) -> guide.Context | None:
+        context = getattr(self.measurer, "context", None)
+        if context is None:
+            return None
+        try:
+            return context(seconds)
+        except MeasurementUnavailable:
+            return None
+        except (ArithmeticError, ValueError) as e:  # a model that cannot be had must never cost a window
+            log.warning("no step-time model for this window: %s", e)
+            return None
+
+    def _observations(self) -> list[guide.Observation]:
+        """This epoch's windows, measured next to predicted (what calibrates the predictions)."""
+        return [guide.Observation(Knobs(h["token_budget"], h["max_chunk"]), h.get("predicted_itl"), h.get("itl"),
+                                  h.get("predicted_ttft"), h.get("ttft"), h.get("predicted_capacity"),
+                                  h.get("prefill_capacity"))
+                for h in self.state.history if h["epoch"] == self.study.epoch and "predicted_itl" in h]
+
     def _exploit(self) -> str:
         self.state.phase = "Exploiting"
         best = self.study.best()
         if best is None:  # no trial completed at all (every window thin): nothing to hold yet
             self.study.new_epoch([])
             self.state.reason = "no trial completed within max trials: exploring a new epoch"
+            return "reopen"
+        if self._guided and not best.feasible:
+            # nothing kept the SLOs: the least violating window was measured at some load of the epoch, not at
+            # this one; keep judging the closest knobs at the load now instead of holding it
+            self.study.new_epoch([])
+            self.state.reason = f"no feasible knobs after {self.s.max_trials} trials: judging again at the load now"
             return "reopen"
         if self.actuator.current() != best.knobs:
             self._apply(best.knobs)
@@ -183,7 +319,8 @@ class TunerLoop:
         if self._breaches >= self.s.drift_breach_windows or shift > self.s.drift_load_shift:
             why = (f"SLO breached in {self._breaches} consecutive windows" if self._breaches >= self.s.drift_breach_windows
                    else f"load moved by {shift:.0%} since the best knobs were measured")
-            self.study.new_epoch([best.knobs])
+            # guided, the new epoch starts from the predicted best at the new load; black-box, from the incumbent
+            self.study.new_epoch([] if self._guided else [best.knobs])
             self._breaches = 0
             self.state.reason = f"{why}: exploring again (epoch {self.study.epoch})"
             return "reopen"
@@ -239,6 +376,8 @@ class TunerLoop:
             waited += self.s.poll
 
     def _record(self, knobs: Knobs, window: Window, kind: str) -> None:
+        guided = {} if self.state.predicted_safe is None else {"allowed": self.state.predicted_safe,
+                                                                 "feasible_knobs": self.state.feasible}
         # judged as best() judges (against the epoch's load); a window told as a trial is in that load already
         extra = [] if kind in _TOLD else [window.to_dict()]
         ok = feasible(window, self.slo, self.study.reference_demand(extra))
@@ -249,29 +388,29 @@ class TunerLoop:
         del self.state.history[:-999]  # the local report needs the recent past, not an unbounded list
         self.state.history.append({"epoch": self.study.epoch, "kind": kind, "token_budget": knobs.token_budget,
                                    "max_chunk": knobs.max_chunk, "feasible": ok,
-                                   **window.to_dict(), **self._forecast(knobs, window.seconds)})
+                                   **window.to_dict(), **self._forecast(knobs, window.seconds), **guided})
 
     def _forecast(self, knobs: Knobs, seconds: float) -> dict:
-        """Predicted next to measured, for every window: how far to trust the step-time model (it does not
-        steer the tuner yet). Nothing when the measurer cannot forecast or the window says too little."""
-        forecast = getattr(self.measurer, "forecast", None)
-        if forecast is None:
+        """Predicted next to measured, for every window: how far to trust the step-time model, and what the
+        guided tuner calibrates its predictions with. Nothing when the measurer cannot forecast or the window says
+        too little."""
+        context = self._context(seconds)
+        if context is None:
             return {}
         try:
-            got = forecast(knobs, seconds)
-        except MeasurementUnavailable:
-            return {}
+            prediction = predict(context.model, knobs, context.load)
         except (ArithmeticError, ValueError) as e:  # a diagnostic must never cost a tuning window
             log.warning("no prediction for %s/%s: %s", knobs.token_budget, knobs.max_chunk, e)
             return {}
-        if got is None:
-            return {}
-        prediction, model = got
         ttft = prediction.ttft_p99 if math.isfinite(prediction.ttft_p99) else None  # None: past capacity
         return {"predicted_itl": prediction.itl_p99, "predicted_ttft": ttft,
-                "predicted_utilization": prediction.utilization, "step_model_error": model.relative_error}
+                "predicted_utilization": prediction.utilization,
+                "predicted_capacity": prediction.prefill_capacity * context.pods,
+                "step_model_error": context.model.relative_error}
 
 
+GUIDANCE = ("model", "blackbox")
+MAX_REJECTED_ASKS = 30  # asks screened out per trial before the loop picks the least-pressure untried knobs itself
 _TOLD = ("complete", "cut", "observed")  # _record kinds whose window the study already holds as a trial
 
 

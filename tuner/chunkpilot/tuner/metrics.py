@@ -17,7 +17,10 @@ PHASE = PREFIX + "phase"
 HEALTHY = PREFIX + "healthy"
 SLO_ATTAINMENT = PREFIX + "slo_attainment"
 SLO_SECONDS = PREFIX + "slo_seconds"  # the deployment's SLO thresholds, for the dashboard's SLO lines
-ALL_NAMES = (TRIALS, OBJECTIVE, BEST_OBJECTIVE, TOKEN_BUDGET, MAX_CHUNK, PHASE, HEALTHY, SLO_ATTAINMENT, SLO_SECONDS)
+FEASIBLE = PREFIX + "feasible_knobs"
+REPLICAS_NEEDED = PREFIX + "replicas_needed"
+ALL_NAMES = (TRIALS, OBJECTIVE, BEST_OBJECTIVE, TOKEN_BUDGET, MAX_CHUNK, PHASE, HEALTHY, SLO_ATTAINMENT, SLO_SECONDS,
+             FEASIBLE, REPLICAS_NEEDED)
 PHASES = ("Exploring", "Exploiting", "Holding", "Advisory")
 LABELS = ["namespace", "deployment"]
 
@@ -39,6 +42,11 @@ class TunerMetrics:
                                 registry=r)
         self.slo_seconds = Gauge(SLO_SECONDS, "SLO threshold in seconds (slo=ttft|itl) at its percentile.",
                                  LABELS + ["slo", "percentile"], registry=r)
+        self.feasible = Gauge(FEASIBLE, "Model-guided tuning: 1 while some knobs in bounds are predicted (or were "
+                              "measured) to keep the SLOs at the measured load, 0 when none are (NoFeasibleKnobs).",
+                              LABELS, registry=r)
+        self.replicas_needed = Gauge(REPLICAS_NEEDED, "Replicas predicted to meet the SLOs at the closest knobs "
+                                     "while no knobs are feasible (absent otherwise).", LABELS, registry=r)
         self._seen: dict[tuple[str, str], int] = {}
 
     def update(self, namespace: str, deployment: str, state: TunerState, slo: SLOTargets, objective: str) -> None:
@@ -63,3 +71,12 @@ class TunerMetrics:
         for p in PHASES:
             self.phase.labels(namespace, deployment, p).set(1 if state.phase == p else 0)
         self.healthy.labels(namespace, deployment).set(1 if state.healthy else 0)
+        if state.feasible is not None:
+            self.feasible.labels(namespace, deployment).set(1 if state.feasible else 0)
+        if state.replicas_needed is not None:
+            self.replicas_needed.labels(namespace, deployment).set(state.replicas_needed)
+        else:  # no stale advice: the series goes away once knobs are feasible again
+            try:
+                self.replicas_needed.remove(namespace, deployment)
+            except KeyError:
+                pass

@@ -15,8 +15,8 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from chunkpilot.engine import metrics as m
 from chunkpilot.tuner.loop import MeasurementUnavailable
 from chunkpilot.tuner.measurement import SLOTargets, Window
-from chunkpilot.tuner.predictor import Load, Prediction, predict, prompts_from_buckets
-from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.guide import Context
+from chunkpilot.tuner.predictor import Load, prompts_from_buckets
 from chunkpilot.tuner.step_model import StepModel, fit_moments
 
 
@@ -131,19 +131,22 @@ class PrometheusMeasurer:
             out[float(s["metric"]["le"])] = float(s["value"][1])
         return out
 
-    def forecast(self, knobs: Knobs, seconds: float) -> tuple[Prediction, StepModel] | None:
-        """What the step-time model fitted on this window predicts for `knobs` at this window's load, per pod.
-        None when the window holds too few steps or requests."""
+    def context(self, seconds: float) -> Context | None:
+        """The step-time model fitted on this window's steps of every pod and the window's load per pod (the
+        guide's input). None when the window holds too few steps or requests."""
         sel, src = self.source.selector, self.source
         model = src.step_model(seconds)
         pods = src.scalar(f"count(count_over_time({m.SCHEDULER_GENERATION}{{{sel}}}[{_w(seconds)}]))")
         arrivals = src.scalar(rate_query(f"{m.TTFT}_count", sel, seconds)) or 0.0
-        prompts = prompts_from_buckets(self._buckets(m.REQUEST_PROMPT_TOKENS, seconds))
+        mean = _ratio(src.scalar(rate_query(f"{m.REQUEST_PROMPT_TOKENS}_sum", sel, seconds)),
+                      src.scalar(rate_query(f"{m.REQUEST_PROMPT_TOKENS}_count", sel, seconds)))
+        prompts = prompts_from_buckets(self._buckets(m.REQUEST_PROMPT_TOKENS, seconds), mean or None)
         running = src.scalar(f"sum(avg_over_time({m.NUM_RUNNING}{{{sel}}}[{_w(seconds)}]))") or 0.0
         if model is None or not prompts or not pods or arrivals <= 0:
             return None
-        load = Load(request_rate=arrivals / pods, prompts=prompts, running=running / pods)
-        return predict(model, knobs, load), model
+        pods = int(round(pods))
+        return Context(model=model, load=Load(request_rate=arrivals / pods, prompts=prompts, running=running / pods),
+                       pods=pods)
 
     def measure(self, seconds: float) -> Window:
         sel, src = self.source.selector, self.source

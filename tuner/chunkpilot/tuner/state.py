@@ -28,6 +28,12 @@ class TunerState:
     healthy: bool = True  # False while measurements fail (Tuning=False)
     history: list[dict] = field(default_factory=list)  # recent windows, for the local report
     recorded: int = 0  # windows recorded since start (history keeps only the last 1000)
+    # model-guided tuning: whether any knobs are predicted (or measured) to keep the SLOs at the measured load,
+    # the replicas that would be needed when none are, why, and how many candidates are allowed now
+    feasible: bool | None = None
+    replicas_needed: int | None = None
+    feasible_reason: str = ""
+    predicted_safe: int | None = None
 
 
 def _measurement(knobs: Knobs, window: Window | dict | None, objective: float | None,
@@ -42,6 +48,9 @@ def status_tuning(state: TunerState, slo: SLOTargets, objective: str) -> TuningS
 
     out = TuningStatus(mode=state.mode, phase=state.phase, trial=state.trial, reason=state.reason[:1024],
                        last_change=state.last_change or None)
+    if state.feasible is not None:
+        out.feasible = state.feasible
+        out.replicas_needed = state.replicas_needed
     if state.current is not None:
         w = state.current_window
         out.current = _measurement(state.current, w, objective_value(w, objective) if w else None,
@@ -65,8 +74,12 @@ def status_slo(window: Window | None, slo: SLOTargets) -> SLOStatus | None:
 
 
 def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
+    if not state.healthy:
+        reason = "MeasurementsUnavailable"
+    else:  # an SRE alerting on the reason sees that no knobs can do it, not just that the tuner is exploring
+        reason = "NoFeasibleKnobs" if state.feasible is False else state.phase
     tuning = Condition(type="Tuning", status="True" if state.healthy and state.mode != "off" else "False",
-                       reason=state.phase if state.healthy else "MeasurementsUnavailable", message=state.reason[:1024])
+                       reason=reason, message=state.reason[:1024])
     w = state.current_window
     if w is None:
         return [tuning, Condition(type="SLOMet", status="Unknown", reason="NotMeasured",

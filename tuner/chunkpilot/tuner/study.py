@@ -151,6 +151,18 @@ class TunerStudy:
         self.study.tell(trial, value)
         return value
 
+    def reject(self, trial: optuna.Trial, predicted: list[float], reason: str) -> None:
+        """An ask not tried because it is predicted (or was measured) to breach an SLO: pruned, with the predicted
+        constraints, so that constrained TPE counts the region as infeasible. Never a measurement: measured(),
+        best() and explored() see only completed trials."""
+        record_constraints(trial, predicted)
+        trial.set_user_attr("rejected", reason)
+        self.study.tell(trial, state=TrialState.PRUNED)
+
+    def waiting(self) -> int:
+        """Enqueued trials not asked yet."""
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
     def fail(self, trial: optuna.Trial, reason: str) -> None:
         trial.set_user_attr("failed", reason)
         self.study.tell(trial, state=TrialState.FAIL)

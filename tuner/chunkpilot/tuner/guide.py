@@ -1,0 +1,218 @@
+"""The model-guided tuner's judgement, as pure functions: which knobs the step-time model predicts keep the SLOs at
+the measured load, which of them it predicts best, and how many replicas that load needs when none does.
+
+* One number per candidate, its *pressure*: the largest of predicted ITL p99 and TTFT p99 over their SLO within
+  the tuner's decision margin (measurement.LATENCY_MARGIN), and predicted prefill utilization over the headroom
+  the tuner keeps (MAX_PREFILL_UTILIZATION). Pressure <= 1 is predicted safe; the predicted best is the safe
+  candidate with the least pressure: the most headroom on the SLO that binds first. (On the simulator's six
+  scenarios that pick measured >= 98 % of the grid-best goodput; the highest predicted goodput cannot be ranked,
+  because every safe candidate is predicted to serve everything.)
+* Predictions are calibrated by what this epoch measured: each latency is scaled by the measured/predicted ratio
+  that every window shares (the predictor's global bias) and by how the windows near the candidate deviate from it
+  (a kernel over the knobs' log distance), each shrunk towards 1, so the predictor's systematic error is corrected
+  everywhere and its local error where knobs were tried.
+* The margin widens with the model's uncertainty: every prediction is inflated by 1 + u before it is judged, u
+  from the step-time fit's residual (per step) and from the spread of that quantity's measured/predicted ratios
+  (each its own: the TTFT estimate's larger error must not narrow what ITL allows).
+* Prefill capacity is calibrated the same way against the capacity the engines measured (Window.prefill_capacity).
+* A measurement always wins: knobs measured in this epoch are safe or not by what was measured (the loop does
+  that; `screen` judges only predictions).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from chunkpilot.tuner.measurement import LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, SLOTargets
+from chunkpilot.tuner.predictor import Load, Prediction, predict
+from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.step_model import StepModel
+
+# Shrinkage of the calibration towards "the predictor is right": the weight of one pseudo-window at ratio 1.
+PRIOR_WEIGHT = 1.0
+# The spread assumed before anything was measured (log measured/predicted): the predictor's p99 ITL read
+# 0.89-1.05x the simulator's where knobs matter (bench/predictor_vs_sim.py), so 0.15 as a one-sigma guess.
+PRIOR_SPREAD = 0.15
+# Octaves of (token budget, max chunk) over which one measurement informs its neighbours' calibration.
+KERNEL_OCTAVES = 1.0
+CLIP_RATIO = 2.0
+CLIP = math.log(CLIP_RATIO)
+# How much every window counts towards the spread of every candidate, next to its kernel weight.
+EVERYWHERE_WEIGHT = 0.25
+MAX_UNCERTAINTY = 1.0
+REPLICAS_CAP = 64
+MIN_USEFUL_UTILIZATION = 0.2  # beyond this many pods the answer is "scale the model, not the replicas"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the guide knows about one window: the model fitted on it, the load per pod, and the pods measured."""
+
+    model: StepModel
+    load: Load
+    pods: int = 1
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured window next to what was predicted for it at its own load (capacities: prompt tokens/s of the
+    whole deployment while prefill is busy)."""
+
+    knobs: Knobs
+    predicted_itl: float | None
+    measured_itl: float | None
+    predicted_ttft: float | None
+    measured_ttft: float | None
+    predicted_capacity: float | None = None
+    measured_capacity: float | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    knobs: Knobs
+    prediction: Prediction
+    # calibrated predictions, each inflated by its own uncertainty: what is judged against the limits
+    itl: float | None  # seconds (None: no ITL SLO)
+    ttft: float | None
+    utilization: float
+
+    def _ratios(self, slo: SLOTargets) -> list[float]:
+        """Each limit's share used, laid out like measurement.constraints: TTFT, ITL, (keeping up), headroom."""
+        out = [v / (t.threshold * LATENCY_MARGIN) for t, v in ((slo.ttft, self.ttft), (slo.itl, self.itl))
+               if t is not None]
+        return [*out, self.utilization / MAX_PREFILL_UTILIZATION]
+
+    def pressure_of(self, slo: SLOTargets) -> float:
+        return max(self._ratios(slo))
+
+    def constraints(self, slo: SLOTargets) -> list[float]:
+        """Optuna's constraint vector of a predicted (not measured) trial (<= 0: satisfied)."""
+        ratios = [r - 1.0 for r in self._ratios(slo)]
+        return [*ratios[:-1], 0.0, ratios[-1]]
+
+
+@dataclass(frozen=True)
+class Judged:
+    candidate: Candidate
+    pressure: float  # <= 1: predicted safe
+
+    @property
+    def knobs(self) -> Knobs:
+        return self.candidate.knobs
+
+    @property
+    def prediction(self) -> Prediction:
+        return self.candidate.prediction
+
+    @property
+    def safe(self) -> bool:
+        return self.pressure <= 1.0
+
+
+def _distance(a: Knobs, b: Knobs) -> float:
+    return math.hypot(math.log2(a.token_budget / b.token_budget), math.log2(a.max_chunk / b.max_chunk))
+
+
+def _calibration(knobs: Knobs, pairs: list[tuple[Knobs, float]]) -> tuple[float, float]:
+    """(factor, spread) for one latency at `knobs` from (knobs, log measured/predicted) pairs: a global bias (the
+    predictor's error that every window shares: on the real CPU engine TTFT read 2-3x high everywhere), plus the
+    deviation of the windows near `knobs` from it (a kernel over their log distance), each shrunk towards 0 by
+    PRIOR_WEIGHT pseudo-windows. The spread is the residual of the windows around that, the near ones counting most,
+    every one a little (each says how far the predictor can be trusted at all)."""
+    if not pairs:
+        return 1.0, PRIOR_SPREAD
+    ratios = [r for _, r in pairs]
+    bias = sum(ratios) / (len(ratios) + PRIOR_WEIGHT)
+    weights = [math.exp(-0.5 * (_distance(knobs, k) / KERNEL_OCTAVES) ** 2) for k, _ in pairs]
+    local = sum(w * (r - bias) for w, r in zip(weights, ratios)) / (sum(weights) + PRIOR_WEIGHT)
+    mean = bias + local
+    spread_weights = [w + EVERYWHERE_WEIGHT for w in weights]
+    var = (PRIOR_WEIGHT * PRIOR_SPREAD ** 2 + sum(w * (r - mean) ** 2 for w, r in zip(spread_weights, ratios))) \
+        / (sum(spread_weights) + PRIOR_WEIGHT)
+    return math.exp(mean), math.sqrt(var)
+
+
+def _pairs(observations: list[Observation], which: str) -> list[tuple[Knobs, float]]:
+    """(knobs, log measured/predicted), clipped to +-log CLIP_RATIO: a window 20x below its prediction says the fit
+    extrapolated badly there (the KV term of a fit on short steps, at 2048-token chunks), not that every prediction
+    is 20x high; clipped, it still widens the spread."""
+    out = []
+    for o in observations:
+        p, m = getattr(o, f"predicted_{which}"), getattr(o, f"measured_{which}")
+        if p and m and p > 0 and m > 0 and math.isfinite(p) and math.isfinite(m):
+            out.append((o.knobs, max(-CLIP, min(CLIP, math.log(m / p)))))
+    return out
+
+
+def judge(context: Context, knobs: Knobs, slo: SLOTargets, observations: list[Observation] = ()) -> Judged:
+    """One candidate: predicted at the load, calibrated by the observations near it, each quantity inflated by
+    1 + its uncertainty (the fit's residual and that quantity's calibration spread). A capacity too low inflates
+    utilization, so capacity calibrates utilization inversely."""
+    observations = list(observations)
+    prediction = predict(context.model, knobs, context.load)
+    fit = context.model.relative_error
+
+    def calibrated(value: float, which: str, inverse: bool = False) -> float:
+        factor, spread = _calibration(knobs, _pairs(observations, which))
+        u = min(MAX_UNCERTAINTY, math.hypot(fit, spread))
+        return value / factor * (1 + u) if inverse else value * factor * (1 + u)
+
+    candidate = Candidate(
+        knobs=knobs, prediction=prediction,
+        itl=calibrated(prediction.itl_p99, "itl") if slo.itl else None,
+        ttft=calibrated(prediction.ttft_p99, "ttft") if slo.ttft else None,
+        utilization=calibrated(prediction.utilization, "capacity", inverse=True))
+    return Judged(candidate, candidate.pressure_of(slo))
+
+
+def stressed(context: Context, stress: float) -> Context:
+    """The context with `stress` more arrivals and decodes in flight: knobs must keep the SLOs through the load
+    changes the tuner does not treat as drift (TunerSettings.drift_load_shift), or a quiet minute makes every
+    budget look safe and the first busy one breaches (the demo, before this: 432/368 tried on a calm window's
+    say-so, 2.1 s inter-token p99 a window later)."""
+    load = context.load
+    return Context(context.model, Load(request_rate=load.request_rate * (1 + stress), prompts=load.prompts,
+                                       running=load.running * (1 + stress), mean_context=load.mean_context),
+                   context.pods)
+
+
+def screen(context: Context, candidates: list[Knobs], slo: SLOTargets,
+           observations: list[Observation] = (), stress: float = 0.0) -> list[Judged]:
+    """Every candidate judged (at the load `stress` above the measured one), least pressure first (ties: the
+    smaller budget, which costs decodes least)."""
+    context = stressed(context, stress) if stress else context
+    judged = [judge(context, k, slo, observations) for k in candidates]
+    return sorted(judged, key=lambda c: (c.pressure, c.knobs.token_budget, c.knobs.max_chunk))
+
+
+def closest(screened: list[Judged], slo: SLOTargets) -> Knobs:
+    """When nothing is predicted to keep every SLO: the knobs that keep the inter-token SLO and keep up, with the
+    least TTFT among them; else the least pressure. A decode stall hits every stream that is running (the fixed
+    group of the demo, stalled by unchunked prompts, met 65 % of its requests), a long wait only the prompts queued
+    behind it (the best fixed knobs for the same trace, 64/64, met 90 %)."""
+    def itl_ok(c: Judged) -> bool:
+        within = c.candidate.itl is None or c.candidate.itl <= slo.itl.threshold * LATENCY_MARGIN
+        return within and c.candidate.utilization < 1.0
+    keeping = [c for c in screened if itl_ok(c)]
+    if keeping and slo.ttft is not None:
+        return min(keeping, key=lambda c: (c.candidate.ttft, c.knobs.token_budget)).knobs
+    return screened[0].knobs
+
+
+def replicas_needed(context: Context, knobs: Knobs, slo: SLOTargets, observations: list[Observation] = ()
+                    ) -> int | None:
+    """The fewest pods at which `knobs` are predicted safe for the deployment's whole load (the measured load per
+    pod times the pods, spread evenly). None when more replicas cannot help: not even REPLICAS_CAP pods would do,
+    or only pods left mostly idle (prefill utilization under MIN_USEFUL_UTILIZATION) would, which says a single
+    request is too slow for the SLO rather than the queue too long (the demo's 1024-token prompts on one CPU
+    thread: "36 replicas" for 0.44 req/s, an answer no one should act on)."""
+    load = context.load
+    total_rate, total_running = load.request_rate * context.pods, load.running * context.pods
+    for pods in range(max(1, context.pods), REPLICAS_CAP + 1):
+        spread = Load(request_rate=total_rate / pods, prompts=load.prompts, running=total_running / pods,
+                      mean_context=load.mean_context)
+        judged = judge(Context(context.model, spread, pods), knobs, slo, observations)
+        if judged.safe:
+            return pods if judged.candidate.utilization >= MIN_USEFUL_UTILIZATION or pods == context.pods else None
+    return None
