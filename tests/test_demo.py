@@ -34,8 +34,12 @@ def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
     proc = demo(tmp_path, "--duration", "90", "--rate", "0.8", "--window", "12")
     out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out
-    assert "SLO attainment: tuned" in out
+    assert "SLO attainment: tuned" in out and "best fixed knobs in hindsight" in out
     doc = json.loads((tmp_path / "demo.json").read_text())
+    # the best fixed knobs for this very trace, from the step-time model the engines' steps fitted, with the error
+    # of that simulation against the group that really ran the start-up knobs
+    h = doc["hindsight"]
+    assert h["best"] and 0 <= h["attainment"] <= 1 and "attainment" in h["error"], h
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     assert any(t["kind"] in ("complete", "cut") for t in doc["trials"]), doc["trials"]
     knobs = json.loads((tmp_path / "knobs.json").read_text())
@@ -82,14 +86,15 @@ def test_live_view_renders_latencies_against_the_slos(tmp_path):
     assert "64/64 g3" in text and "2048/2048 g0" in text and "1.70s" in text and "Exploring, 3 trials" in text
 
 
-def test_report_labels_the_time_axis_and_shows_predicted_itl(tmp_path):
+def test_report_labels_the_time_axis_and_shows_predicted_itl_and_ttft(tmp_path):
     from chunkpilot.demo import report
     from chunkpilot.demo.run import DemoConfig, DemoRun
     from chunkpilot.tuner.state import TunerState
 
     run = DemoRun(DemoConfig(model="m", out=tmp_path))
     state = TunerState(mode="auto", history=[
-        {"token_budget": 64, "max_chunk": 64, "itl": 0.2, "feasible": True, "predicted_itl": 0.25},
+        {"token_budget": 64, "max_chunk": 64, "itl": 0.2, "ttft": 3.0, "feasible": True, "predicted_itl": 0.25,
+         "predicted_ttft": 4.0},
         {"token_budget": 2048, "max_chunk": 1024, "itl": 1.5, "feasible": False}])
     run.tuner = type("T", (), {"state": state})()
     pts = [(0.0, 0.5), (30.0, 0.4), (60.0, 0.3)]
@@ -101,5 +106,6 @@ def test_report_labels_the_time_axis_and_shows_predicted_itl(tmp_path):
     time_axis = fig.axes[2]
     assert time_axis.get_xlabel() == "seconds since the load started"
     assert any(t.get_text() for t in time_axis.get_xticklabels()), "the time axis has no tick labels"
-    windows = fig.axes[3]
-    assert windows.get_xlabel() == "tuner window" and len(windows.collections) == 2  # measured and predicted
+    for windows, what in ((fig.axes[3], "ITL"), (fig.axes[4], "TTFT")):
+        assert windows.get_xlabel() == "tuner window" and what in windows.get_ylabel()
+        assert len(windows.collections) == 2  # measured and predicted

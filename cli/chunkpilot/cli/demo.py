@@ -17,7 +17,7 @@ def demo(
     replicas: int = typer.Option(1, help="Engine processes per group (tuned and fixed)."),
     rate: float = typer.Option(0.5, help="Requests/s per engine in the busiest phase."),
     window: float = typer.Option(20.0, help="Tuner measurement window, seconds."),
-    ttft_slo: float = typer.Option(8.0, help="TTFT p99 SLO, seconds."),
+    ttft_slo: float = typer.Option(12.0, help="TTFT p99 SLO, seconds."),
     itl_slo: float = typer.Option(0.5, help="Inter-token latency p99 SLO, seconds."),
     out: Path = typer.Option(Path("chunkpilot-demo"), help="Folder for the report, logs and the study."),
     model: Optional[Path] = typer.Option(None, envvar="CHUNKPILOT_MODEL",
@@ -89,8 +89,11 @@ def demo(
     finally:
         if run is not None and run.prometheus is not None:
             data = report.series(run)  # before Prometheus stops
+            hindsight = None if interrupted else report.hindsight(run)
             shutdown(run)
             png = report.plot(run, data)
-            path = save_json(run, {"series": data, "interrupted": interrupted})
+            path = save_json(run, {"series": data, "interrupted": interrupted, "hindsight": hindsight})
             console.print(f"report: {png} and {path}")
             console.print(report.summary_line(run))
+            if not interrupted:
+                console.print(report.hindsight_line(hindsight))

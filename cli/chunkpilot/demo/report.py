@@ -37,6 +37,63 @@ def series(run: DemoRun) -> dict:
     return out
 
 
+def hindsight(run: DemoRun) -> dict | None:
+    """The best fixed knobs in hindsight for this run's own trace: the step-time model fitted from every engine's
+    steps over the whole run (Prometheus), as the simulator's cost, replaying the same requests at every knob
+    setting of the tuner's space. Its error is stated against the fixed group, which really ran 2048/2048 on the
+    trace. None when too few steps were seen."""
+    from chunkpilot.demo.run import SHAPES, request_slo
+    from chunkpilot.loadgen.workloads import build_workload
+    from chunkpilot.tuner.prometheus import PrometheusSource
+    from chunkpilot.tuner.sim.costmodel import FittedCost
+    from chunkpilot.tuner.sim.simulator import Simulator
+    from chunkpilot.tuner.space import SearchSpace
+
+    config = run.config
+    seconds = max(30.0, time.time() - run.started)
+    try:
+        model = PrometheusSource(run.prometheus.url, 'job=~"chunkpilot-(tuned|fixed)"').step_model(seconds)
+    except Exception as e:  # noqa: BLE001 - the report says what it could not do, and goes on
+        return {"error": f"no step-time model: {type(e).__name__}: {e}"}
+    if model is None:
+        return None
+    specs = build_workload(config.phases(), vocab_size=49152, seed=config.seed, shapes=SHAPES)
+    slo = request_slo(config)
+    n = len(specs) * config.replicas
+
+    def replay(knobs) -> dict:
+        sim = Simulator(FittedCost(model), specs, knobs, max_num_seqs=16)
+        recs = sim.run()
+        done = [r for r in recs if r.end is not None]
+        met = sum(1 for r in done if slo.met_by(r))
+        span = max(r.end for r in done) - min(r.start for r in recs) if done else 0.0
+        return {"attainment": met / len(recs) if recs else 0.0, "goodput": met / span * config.replicas if span else 0.0}
+
+    grid = {k: replay(k) for k in SearchSpace.from_bounds((32, 2048), (32, 2048), 16, points_per_octave=2).all_knobs()}
+    best = max(grid, key=lambda k: (grid[k]["goodput"], -k.token_budget))
+    fixed_sim = grid.get(config.start) or replay(config.start)
+    fixed = summary(run)["fixed"]
+    return {"best": [best.token_budget, best.max_chunk], **grid[best], "requests": n,
+            "fixed_simulated": fixed_sim, "fixed_measured": {"attainment": fixed["attainment"],
+                                                             "goodput": fixed["goodput"]},
+            "error": {"attainment": fixed_sim["attainment"] - fixed["attainment"],
+                      "goodput": (fixed_sim["goodput"] / fixed["goodput"] - 1) if fixed["goodput"] else None},
+            "model": {"coefficients": model.coefficients, "steps": model.steps,
+                      "relative_error": model.relative_error}}
+
+
+def hindsight_line(h: dict | None) -> str:
+    if not h:
+        return "best fixed knobs in hindsight: not enough steps to fit a model"
+    if "error" in h and "best" not in h:
+        return f"best fixed knobs in hindsight: {h['error']}"
+    err = h["error"]
+    good = f", goodput {err['goodput']:+.0%}" if err["goodput"] is not None else ""
+    return (f"best fixed knobs in hindsight (simulated on this trace with the fitted step-time model): "
+            f"{h['best'][0]}/{h['best'][1]}, attainment {h['attainment']:.0%}, goodput {h['goodput']:.2f} req/s; "
+            f"the same simulation of the fixed group's knobs is off by {err['attainment']:+.0%} attainment{good}")
+
+
 def summary_line(run: DemoRun) -> str:
     s = summary(run)
     t, f = s["tuned"], s["fixed"]
@@ -54,8 +111,8 @@ def figure(run: DemoRun, data: dict):
     import matplotlib.pyplot as plt
 
     c = run.config
-    fig = plt.figure(figsize=(9, 11))
-    grid = fig.add_gridspec(4, 1)
+    fig = plt.figure(figsize=(9, 13.5))
+    grid = fig.add_gridspec(5, 1)
     top = fig.add_subplot(grid[0])
     axes = [top, fig.add_subplot(grid[1], sharex=top), fig.add_subplot(grid[2], sharex=top)]
     colors = {"tuned": "tab:blue", "fixed": "tab:red"}
@@ -80,18 +137,19 @@ def figure(run: DemoRun, data: dict):
     trials = run.tuner.state.history if run.tuner else []
     if trials:
         xs = list(range(1, len(trials) + 1))
-        ax = fig.add_subplot(grid[3])
-        ax.scatter(xs, [t["itl"] or 0 for t in trials], c=["tab:green" if t["feasible"] else "tab:red" for t in trials],
-                   label="measured")
-        predicted = [(x, t["predicted_itl"]) for x, t in zip(xs, trials) if t.get("predicted_itl")]
-        if predicted:  # the step-time model's prediction for the same knobs at the same load
-            ax.scatter(*zip(*predicted), facecolors="none", edgecolors="k", label="predicted")
-        for x, t in zip(xs, trials):
-            ax.annotate(f"{t['token_budget']}/{t['max_chunk']}", (x, t["itl"] or 0), fontsize=6, rotation=45)
-        ax.axhline(c.itl_slo, color="k", ls="--", lw=1)
-        ax.set(xlabel="tuner window", ylabel="ITL p99 (s)", yscale="log",
-               title="tuner windows (green: within the SLOs), labelled budget/chunk; hollow: predicted")
-        ax.legend(fontsize=8)
+        colors_ = ["tab:green" if t["feasible"] else "tab:red" for t in trials]
+        for row, key, slo, what in ((3, "itl", c.itl_slo, "ITL p99"), (4, "ttft", c.ttft_slo, "TTFT p99")):
+            ax = fig.add_subplot(grid[row])
+            ax.scatter(xs, [t.get(key) or 0 for t in trials], c=colors_, label="measured")
+            predicted = [(x, t[f"predicted_{key}"]) for x, t in zip(xs, trials) if t.get(f"predicted_{key}")]
+            if predicted:  # the step-time model's prediction for the same knobs at the same load
+                ax.scatter(*zip(*predicted), facecolors="none", edgecolors="k", label="predicted")
+            for x, t in zip(xs, trials):
+                ax.annotate(f"{t['token_budget']}/{t['max_chunk']}", (x, t.get(key) or 0), fontsize=6, rotation=45)
+            ax.axhline(slo, color="k", ls="--", lw=1)
+            ax.set(xlabel="tuner window", ylabel=f"{what} (s)", yscale="log",
+                   title=f"tuner windows, {what} (green: within the SLOs), labelled budget/chunk; hollow: predicted")
+            ax.legend(fontsize=8)
     fig.suptitle(summary_line(run), fontsize=8)
     fig.tight_layout()
     return fig

@@ -38,7 +38,10 @@ class DemoConfig:
     replicas: int = 1  # engines per group
     rate: float = 0.5  # requests/s per engine at the busiest phase
     start: Knobs = Knobs(2048, 2048)  # vLLM's API-server default budget, unchunked
-    ttft_slo: float = 8.0  # p99 seconds
+    # p99 seconds. Sized so that the best fixed knobs for the trace meet ~97 % of its requests on the 2-core machine
+    # as measured 2026-12-01 (the demo's own hindsight replay: 89 % at 8 s, 94 % at 10 s, 97 % at 12 s); the same
+    # host ran its matmuls 2.2x slower that day than on 2026-11-29, when 8 s left the best knobs room.
+    ttft_slo: float = 12.0
     itl_slo: float = 0.5  # p99 seconds
     window: float = 20.0
     warmup: float = 3.0
