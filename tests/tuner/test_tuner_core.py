@@ -216,6 +216,26 @@ def test_wide_breach_cuts_the_trial_and_restores_the_best_at_once():
     assert study.completed()[-1].user_attrs["cut_short"] is True
 
 
+def test_a_slow_rollout_of_the_restored_knobs_after_a_cut_does_not_crash_the_loop():
+    # The cut trial is told first; the pods then never confirm the restore. Failing the finished trial raised
+    # Optuna's UpdateFinishedTrialError and took the daemon down (found in review).
+    class SlowRestore(Fake):
+        hang = False
+
+        def applied(self, generation):
+            return not (self.hang and self.knobs == Knobs(128, 128)) and super().applied(generation)
+
+    fake = SlowRestore(start=Knobs(128, 128))
+    loop, study = make(fake, apply_timeout=3, poll=1)
+    study.enqueue(Knobs(128, 128), "seed")
+    loop.iterate()  # the good knobs: becomes the best
+    fake.hang = True
+    study.enqueue(Knobs(2048, 2048), "bad")
+    assert loop.iterate() == "cut"
+    assert "restoring the best knobs" in loop.state.reason and "did not report" in loop.state.reason
+    assert study.completed()[-1].user_attrs["cut_short"] is True
+
+
 def test_a_thin_window_is_not_a_trial():
     fake = Fake(requests=5)
     loop, study = make(fake)

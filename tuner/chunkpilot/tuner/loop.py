@@ -144,7 +144,8 @@ class TunerLoop:
         if best is not None and self._since_incumbent >= self.s.incumbent_every:
             self.study.enqueue(best.knobs, "incumbent")
             self._since_incumbent = 0
-        context = self._context(self.s.window * self.s.lookback_windows) if self._guided else None
+        # an outage here holds (nothing moved yet), rather than asking blind
+        context = self._context(self.s.window * self.s.lookback_windows, quiet=False) if self._guided else None
         if context is None and self._guided and not self.study.completed() and not self._baseline:
             return self._measure_baseline()
         trial, knobs = self._ask(context)
@@ -154,17 +155,16 @@ class TunerLoop:
             probe_len = self.s.window * self.s.probe_fraction
             self.measurer.wait(probe_len)
             probe = self.measurer.measure(probe_len)
-            if probe.requests >= max(3, self.s.min_requests * self.s.probe_fraction / 2) and \
-                    wide_breach(probe, self.slo, self.s.breach_factor):
+            cut = probe.requests >= max(3, self.s.min_requests * self.s.probe_fraction / 2) and \
+                wide_breach(probe, self.slo, self.s.breach_factor)
+            if cut:
                 self.study.tell(trial, probe, cut_short=True)
                 self._record(knobs, probe, "cut")
                 self.state.reason = (f"trial {knobs.token_budget}/{knobs.max_chunk} breached an SLO by more than "
                                      f"{self.s.breach_factor:g}x: cut short, best knobs restored")
-                if best is not None:
-                    self._apply(best.knobs)
-                return "cut"
-            self.measurer.wait(self.s.window - probe_len)
-            window = self.measurer.measure(self.s.window)
+            else:
+                self.measurer.wait(self.s.window - probe_len)
+                window = self.measurer.measure(self.s.window)
         except MeasurementUnavailable:
             self.study.fail(trial, "measurements unavailable")
             if best is not None and self.actuator.current() != best.knobs:
@@ -175,6 +175,15 @@ class TunerLoop:
             self.study.fail(trial, str(e))
             self.state.reason = str(e)
             return "timeout"
+        if cut:
+            # the trial is told: restoring the best knobs is outside it (a slow rollout must not fail a finished
+            # trial; an outage here holds, as anywhere)
+            if best is not None:
+                try:
+                    self._apply(best.knobs)
+                except TimeoutError as e:
+                    self.state.reason += f"; restoring the best knobs: {e}"
+            return "cut"
         if window.requests < self.s.min_requests:
             self.study.fail(trial, f"only {window.requests} requests in the window (< {self.s.min_requests})")
             self.state.reason = f"window too thin ({window.requests} requests): not a trial result"
@@ -189,10 +198,10 @@ class TunerLoop:
     def _measure_baseline(self) -> str:
         """Guided, with nothing to fit yet (the tuner started with the load): one window at the knobs that run, so
         that the first trial is the predicted best rather than a guess. Recorded, not told as a trial."""
-        self._baseline = True
         knobs = self.actuator.current()
         self.measurer.wait(self.s.window)
         window = self.measurer.measure(self.s.window)
+        self._baseline = True  # after the measurement: an outage does not use it up
         self._record(knobs, window, "baseline")
         self.state.reason = "measuring the running knobs once: the step-time model needs steps to fit"
         return "baseline"
@@ -216,8 +225,9 @@ class TunerLoop:
         # tuner tolerates: a calm minute's "feasible" says nothing about a busy one); elsewhere the prediction,
         # calibrated by that window, decides.
         now = (context.load.request_rate * context.pods, context.load.mean_prompt_tokens, 0.0)
-        measured = {m.knobs: m for m in self.study.measured()
-                    if load_shift(_load(m.window)[:2] + (0.0,), now) <= self.s.drift_load_shift}
+        grid = set(self.space.all_knobs())  # advisory mode records the user's knobs, which need not be on it
+        measured = {m.knobs: m for m in self.study.measured() if m.knobs in grid
+                    and load_shift(_load(m.window)[:2] + (0.0,), now) <= self.s.drift_load_shift}
         allowed = {c.knobs for c in screened if c.safe and c.knobs not in measured}
         allowed |= {k for k, m in measured.items() if m.feasible}
         self.state.predicted_safe = len(allowed)
@@ -268,18 +278,20 @@ class TunerLoop:
         windows = [w for w in windows if w]
         if not windows:
             return 0.0
-        reference = (sum(w["request_rate"] for w in windows) / len(windows),
-                     sum(w["mean_prompt_tokens"] for w in windows) / len(windows), 0.0)
+        reference = (sum(w.get("request_rate", 0.0) for w in windows) / len(windows),
+                     sum(w.get("mean_prompt_tokens", 0.0) for w in windows) / len(windows), 0.0)
         now = (context.load.request_rate * context.pods, context.load.mean_prompt_tokens, 0.0)
         return load_shift(reference, now)
 
-    def _context(self, seconds: float) -> guide.Context | None:
+    def _context(self, seconds: float, quiet: bool = True) -> guide.Context | None:
         context = getattr(self.measurer, "context", None)
         if context is None:
             return None
         try:
             return context(seconds)
         except MeasurementUnavailable:
+            if not quiet:
+                raise
             return None
         except (ArithmeticError, ValueError) as e:  # a model that cannot be had must never cost a window
             log.warning("no step-time model for this window: %s", e)
@@ -305,8 +317,14 @@ class TunerLoop:
             self.study.new_epoch([])
             self.state.reason = f"no feasible knobs after {self.s.max_trials} trials: judging again at the load now"
             return "reopen"
+        if self._guided:  # holding measured-feasible knobs: nothing says NoFeasibleKnobs any more
+            self.state.feasible, self.state.replicas_needed, self.state.feasible_reason = True, None, ""
         if self.actuator.current() != best.knobs:
-            self._apply(best.knobs)
+            try:
+                self._apply(best.knobs)
+            except TimeoutError as e:
+                self.state.reason = str(e)
+                return "timeout"
             self.measurer.wait(self.s.warmup)
         self.measurer.wait(self.s.window)
         window = self.measurer.measure(self.s.window)
@@ -329,6 +347,7 @@ class TunerLoop:
 
     def _advise(self) -> str:
         self.state.phase = "Advisory"
+        self.state.feasible, self.state.replicas_needed = None, None  # advisory changes nothing, screens nothing
         knobs = self.actuator.current()
         self.study.enqueue(knobs, "observed")
         trial, _ = self.study.ask()

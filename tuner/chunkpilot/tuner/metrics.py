@@ -71,12 +71,13 @@ class TunerMetrics:
         for p in PHASES:
             self.phase.labels(namespace, deployment, p).set(1 if state.phase == p else 0)
         self.healthy.labels(namespace, deployment).set(1 if state.healthy else 0)
-        if state.feasible is not None:
-            self.feasible.labels(namespace, deployment).set(1 if state.feasible else 0)
-        if state.replicas_needed is not None:
-            self.replicas_needed.labels(namespace, deployment).set(state.replicas_needed)
-        else:  # no stale advice: the series goes away once knobs are feasible again
-            try:
-                self.replicas_needed.remove(namespace, deployment)
-            except KeyError:
-                pass
+        # no stale advice: each series goes away once it says nothing (black-box, advisory, feasible again)
+        for gauge, value in ((self.feasible, None if state.feasible is None else int(state.feasible)),
+                             (self.replicas_needed, state.replicas_needed)):
+            if value is not None:
+                gauge.labels(namespace, deployment).set(value)
+            else:
+                try:
+                    gauge.remove(namespace, deployment)
+                except KeyError:
+                    pass
