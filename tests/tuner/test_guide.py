@@ -98,6 +98,10 @@ def test_replicas_needed_spread_the_measured_load():
     slow = StepModel(coefficients={**MODEL.coefficients, "overhead": 1.0}, steps=500, rms_error=0.0,
                      mean_seconds=1.0)
     assert guide.replicas_needed(context(model=slow), best, SLO) is None
+    # knobs predicted safe at the pods that run are here only because a measurement overruled that: never "as many
+    # replicas as now"
+    safe = next(c for c in guide.screen(context(), SPACE.all_knobs(), SLO) if c.safe).knobs
+    assert guide.replicas_needed(context(), safe, SLO) != 1
 
 
 def test_closest_keeps_the_inter_token_slo_first():

@@ -15,8 +15,8 @@ the measured load, which of them it predicts best, and how many replicas that lo
   from the step-time fit's residual (per step) and from the spread of that quantity's measured/predicted ratios
   (each its own: the TTFT estimate's larger error must not narrow what ITL allows).
 * Prefill capacity is calibrated the same way against the capacity the engines measured (Window.prefill_capacity).
-* A measurement always wins: knobs measured in this epoch are safe or not by what was measured (the loop does
-  that; `screen` judges only predictions).
+* A measurement wins where it was taken at about this load: such knobs are safe or not by what was measured (the
+  loop does that; `screen` judges only predictions).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ CLIP = math.log(CLIP_RATIO)
 # How much every window counts towards the spread of every candidate, next to its kernel weight.
 EVERYWHERE_WEIGHT = 0.25
 MAX_UNCERTAINTY = 1.0
-REPLICAS_CAP = 64
-MIN_USEFUL_UTILIZATION = 0.2  # beyond this many pods the answer is "scale the model, not the replicas"
+REPLICAS_CAP = 64  # beyond this many pods the answer is "scale the model, not the replicas"
+MIN_USEFUL_UTILIZATION = 0.2  # pods needed only if left this idle say a single request is too slow
 
 
 @dataclass(frozen=True)
@@ -209,10 +209,12 @@ def replicas_needed(context: Context, knobs: Knobs, slo: SLOTargets, observation
     thread: "36 replicas" for 0.44 req/s, an answer no one should act on)."""
     load = context.load
     total_rate, total_running = load.request_rate * context.pods, load.running * context.pods
-    for pods in range(max(1, context.pods), REPLICAS_CAP + 1):
+    # from one pod more than run: the closest knobs are here because nothing is allowed at the pods that run (a
+    # prediction of "safe" there was overruled by a measurement), so the answer is never "as many as now"
+    for pods in range(max(1, context.pods) + 1, REPLICAS_CAP + 1):
         spread = Load(request_rate=total_rate / pods, prompts=load.prompts, running=total_running / pods,
                       mean_context=load.mean_context)
         judged = judge(Context(context.model, spread, pods), knobs, slo, observations)
         if judged.safe:
-            return pods if judged.candidate.utilization >= MIN_USEFUL_UTILIZATION or pods == context.pods else None
+            return pods if judged.candidate.utilization >= MIN_USEFUL_UTILIZATION else None
     return None

@@ -13,10 +13,10 @@ One `iterate()` is one unit of work:
 * Advisory: measure whatever knobs run, recommend the best feasible seen; change nothing.
 
 Model-guided (the default, `guidance="model"`; chunkpilot.tuner.guide): before every ask, the step-time model is
-refitted on the last window and every candidate is judged at the measured load. The epoch's first trial is the
-predicted best; Optuna's asks that are predicted to breach an SLO are not tried (told to Optuna as pruned, with
+refitted on the last three windows and every candidate is judged at 1.5x the measured load. The epoch's first
+trial is the predicted best; Optuna's asks that are predicted to breach an SLO are not tried (told to Optuna as pruned, with
 their predicted constraints, so the sampler learns where not to go and refines inside the predicted-safe set);
-knobs measured in the epoch count by their measurement. When no knobs are predicted safe and none measured so,
+knobs measured in the epoch at about this load count by their measurement. When no knobs are predicted safe and none measured so,
 the loop says NoFeasibleKnobs with the replicas needed and applies the closest knobs instead of exploring.
 `guidance="blackbox"` is the earlier tuner (Optuna alone), kept for comparison.
 """

@@ -62,7 +62,8 @@ def prompts_from_buckets(buckets: dict[float, float], mean: float | None = None)
     """A prompt mix from a cumulative histogram {upper bound: count} (what Prometheus returns): each bucket's
     requests at its upper bound, the +Inf bucket at twice the last finite bound; then, when the true `mean` is
     known (the histogram's _sum / _count), every length scaled so the mix has that mean. Upper bounds alone
-    overstate a doubling layout's prompts by up to 2x, and with them the prompt demand."""
+    overstate prompts by up to the buckets' ratio (2x doubling, 2.5x for the engine's 1-2-5 layout), and with
+    them the prompt demand."""
     out, prev_le, prev = [], 0.0, 0.0
     for le in sorted(buckets):
         count = buckets[le] - prev

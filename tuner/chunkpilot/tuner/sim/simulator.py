@@ -25,7 +25,9 @@ from chunkpilot.tuner.sim.costmodel import StepCost
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.step_model import StepModel, fit_moments
 
-# The engine's prompt-token histogram bounds (metrics.py), so the simulator's load reads like Prometheus's
+# Prompt-length buckets for the simulator's load, so that it reads a histogram as the tuner reads Prometheus's: a
+# doubling layout. (The engine's own request_prompt_tokens buckets are vLLM's 1-2-5 layout, coarser still; the
+# published simulator figures were made with these, so they stay until the next benchmark run.)
 PROMPT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, float("inf"))
 
 
