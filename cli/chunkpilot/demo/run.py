@@ -26,6 +26,9 @@ from chunkpilot.demo.engines import EngineProcess
 
 log = logging.getLogger(__name__)
 GROUPS = ("tuned", "fixed")
+# The engines' and the tuner's settings, one place for the run and the report's hindsight replay of it.
+MAX_NUM_SEQS = 16
+KNOB_BOUNDS = (32, 2048)  # token budget and max chunk alike
 # CPU-sized shapes: chat as usual, long prompts scaled to what one core prefills in about a second.
 SHAPES = {"chat": Shape(prompt=(16, 96), output=(8, 32)), "rag": Shape(prompt=(256, 1024), output=(8, 32))}
 
@@ -75,7 +78,7 @@ class DemoRun:
 
 def _engine_args(config: DemoConfig, knobs_file: Path | None) -> list[str]:
     args = ["--threads", str(config.threads), "--max-model-len", "2048", "--kv-cache-memory-gb", "0.5",
-            "--max-num-seqs", "16", "--token-budget", str(config.start.token_budget),
+            "--max-num-seqs", str(MAX_NUM_SEQS), "--token-budget", str(config.start.token_budget),
             "--max-chunk", str(config.start.max_chunk), "--no-enable-prefix-caching"]
     return args + (["--knobs-file", str(knobs_file)] if knobs_file else [])
 
@@ -99,7 +102,7 @@ def start(config: DemoConfig, say=print) -> DemoRun:
     storage = config.out / "study.db"
     storage.unlink(missing_ok=True)  # each demo starts a fresh study
     tuning = TuningConfig(
-        deployment="demo/tuned", slo=config.slo(), budget_bounds=(32, 2048), chunk_bounds=(32, 2048),
+        deployment="demo/tuned", slo=config.slo(), budget_bounds=KNOB_BOUNDS, chunk_bounds=KNOB_BOUNDS,
         storage=f"sqlite:///{storage}", seed=config.seed,
         settings=TunerSettings(window=config.window, warmup=config.warmup, max_trials=config.max_trials,
                                min_requests=5, apply_timeout=20, poll=0.5, backoff_max=10))
