@@ -4,9 +4,9 @@ the measured load, which of them it predicts best, and how many replicas that lo
 * One number per candidate, its *pressure*: the largest of predicted ITL p99 and TTFT p99 over their SLO within
   the tuner's decision margin (measurement.LATENCY_MARGIN), and predicted prefill utilization over the headroom
   the tuner keeps (MAX_PREFILL_UTILIZATION). Pressure <= 1 is predicted safe; the predicted best is the safe
-  candidate with the least pressure: the most headroom on the SLO that binds first. (On the simulator's six
-  scenarios that pick measured >= 98 % of the grid-best goodput; the highest predicted goodput cannot be ranked,
-  because every safe candidate is predicted to serve everything.)
+  candidate with the least pressure: the most headroom on the SLO that binds first. (In four of the simulator's
+  scenarios, with the exact cost at the measured load, that pick measured >= 98 % of the grid-best goodput; the
+  highest predicted goodput cannot rank them, because every safe candidate is predicted to serve everything.)
 * Predictions are calibrated by what this epoch measured: each latency is scaled by the measured/predicted ratio
   that every window shares (the predictor's global bias) and by how the windows near the candidate deviate from it
   (a kernel over the knobs' log distance), each shrunk towards 1, so the predictor's systematic error is corrected
