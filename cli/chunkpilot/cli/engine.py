@@ -69,7 +69,7 @@ def serve(
     host: str = typer.Option("0.0.0.0", envvar=_env("HOST"), help="Address to listen on."),
     port: int = typer.Option(8000, envvar=_env("PORT"), help="Port for the API, /health, /ready and /metrics."),
     served_model_name: Optional[str] = typer.Option(None, envvar=_env("SERVED_MODEL_NAME"), help="Model name clients send (default: the folder's name)."),
-    api_key: Optional[str] = typer.Option(None, envvar=_env("API_KEY"), help="Require `Authorization: Bearer KEY` on /v1/*. Prefer the env var (a Secret) to the flag."),
+    api_key: Optional[str] = typer.Option(None, envvar=_env("API_KEY"), help="Require `Authorization: Bearer KEY` on /v1/*; several keys separated by commas are several tenants, whose prompts never share prefix-cache blocks. Prefer the env var (a Secret) to the flag."),
     knobs_file: Optional[Path] = typer.Option(None, envvar=_env("KNOBS_FILE"), help="Scheduler knobs JSON {token_budget, max_chunk, generation}, watched and applied while serving."),
     knobs_poll_interval: float = typer.Option(0.2, envvar=_env("KNOBS_POLL_INTERVAL"), help="Seconds between reads of the knobs file."),
     token_budget: int = typer.Option(512, envvar=_env("TOKEN_BUDGET"), help="Initial tokens per step (the knobs file overrides it)."),
@@ -86,6 +86,10 @@ def serve(
     threads: Optional[int] = typer.Option(None, envvar=_env("THREADS"), help="CPU threads for torch."),
     attention_backend: str = typer.Option("auto", envvar=_env("ATTENTION_BACKEND"), help="auto | sdpa | varlen."),
     grace_period: float = typer.Option(30.0, envvar=_env("GRACE_PERIOD"), help="Seconds in-flight requests may finish after SIGTERM."),
+    max_request_bytes: Optional[int] = typer.Option(None, envvar=_env("MAX_REQUEST_BYTES"), help="Largest request body; larger ones get HTTP 413 before they are parsed (default: 64 bytes per token of max-model-len, at least 1 MiB)."),
+    stream_write_timeout: float = typer.Option(30.0, envvar=_env("STREAM_WRITE_TIMEOUT"), help="Seconds a stream may wait on a client that reads nothing before it is aborted and its slot freed."),
+    stall_timeout: float = typer.Option(120.0, envvar=_env("STALL_TIMEOUT"), help="/health fails (the pod restarts) when one engine step has run this long."),
+    prompt_tokens_details: bool = typer.Option(True, "--enable-prompt-tokens-details/--disable-prompt-tokens-details", envvar=_env("PROMPT_TOKENS_DETAILS"), help="Report usage.prompt_tokens_details.cached_tokens. The count tells a caller which prompt prefixes are cached: with one shared key, hide it or give each tenant its own key."),
     seed: int = typer.Option(0, envvar=_env("SEED"), help="Seed for requests without their own."),
     log_level: str = typer.Option("info", envvar=_env("LOG_LEVEL"), help="debug | info | warning | error."),
 ) -> None:
@@ -108,9 +112,15 @@ def serve(
     if not (model / "config.json").is_file():
         typer.echo(f"error: {model} is not a model folder (no config.json); see `chunkpilot model fetch`", err=True)
         raise typer.Exit(2)
-    settings = ServerSettings(
-        engine=config, served_model_name=served_model_name, api_key=api_key or None,
-        knobs_file=str(knobs_file) if knobs_file else None, knobs_poll_interval=knobs_poll_interval,
-        max_waiting=max_waiting, grace_period=grace_period,
-    )
+    try:
+        settings = ServerSettings(
+            engine=config, served_model_name=served_model_name, api_key=api_key or None,
+            knobs_file=str(knobs_file) if knobs_file else None, knobs_poll_interval=knobs_poll_interval,
+            max_waiting=max_waiting, grace_period=grace_period, max_request_bytes=max_request_bytes,
+            stream_write_timeout=stream_write_timeout, stall_timeout=stall_timeout,
+            prompt_tokens_details=prompt_tokens_details,
+        )
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
     run_server(settings, host=host, port=port, log_level=log_level)

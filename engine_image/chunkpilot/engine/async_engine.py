@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from chunkpilot.engine.llm_engine import LLMEngine
@@ -36,6 +37,11 @@ class _Live:
     last_token: float | None = None
 
 
+# Tokenizing and chat templating run here, off the event loop, so a large prompt never stalls /health or other
+# clients' streams; two workers bound the CPU they take from the step loop.
+PREPARE_WORKERS = 2
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, metrics: EngineMetrics, *, max_waiting: int = 256, retry_after: int = 1) -> None:
         self.engine = engine
@@ -43,6 +49,11 @@ class AsyncEngine:
         self.metrics = metrics
         self.max_waiting = max_waiting
         self._live: dict[str, _Live] = {}
+        # Requests the engine holds (submitted, not finished). Admission counts these, not `_live`: a finished
+        # request whose output a slow client has not read yet holds no engine resource and must not hold a slot.
+        self._held: set[str] = set()
+        self._preparing = 0  # requests being tokenized (event-loop thread only)
+        self._prepare = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="tokenize")
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -67,6 +78,12 @@ class AsyncEngine:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        self._prepare.shutdown(wait=False, cancel_futures=True)
+
+    def stalled(self, timeout: float) -> bool:
+        """The step loop has not come round for `timeout` seconds (it comes round every 0.5 s when idle): a step
+        hangs, and only a restart helps."""
+        return self._thread.is_alive() and time.monotonic() - self.heartbeat > timeout
 
     async def drain(self, grace: float) -> None:
         """Stop admitting; wait up to `grace` seconds for in-flight requests, then abort the rest."""
@@ -86,28 +103,41 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return len(self._live)
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests admitted but not running: being tokenized, queued for the next step, or waiting in the
+        scheduler. `running` is read from the step thread's list; admission only needs it approximately."""
+        with self._lock:
+            held = len(self._held)
+        return self._preparing + max(0, held - len(self.engine.scheduler.running))
+
     # ---- requests ---------------------------------------------------------------------------------------
     async def generate(
-        self, request_id: str, prompt=None, params: SamplingParams | None = None, *, messages=None
+        self, request_id: str, prompt=None, params: SamplingParams | None = None, *, messages=None,
+        cache_salt: bytes = b"",
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs as steps produce them. Raises ValueError (bad input), QueueFullError,
         EngineUnavailableError before the first output. Closing the iterator early aborts the request and frees
         its KV blocks at the next step boundary."""
         if self.draining or not self.alive:
             raise EngineUnavailableError("the engine is shutting down" if self.draining else "the engine stopped")
-        seq = self.engine.make_sequence(request_id, prompt, params, messages=messages)
+        self._admit()
         loop = asyncio.get_running_loop()
+        self._preparing += 1
+        try:
+            seq = await loop.run_in_executor(
+                self._prepare, lambda: self.engine.make_sequence(request_id, prompt, params, messages=messages,
+                                                                 cache_salt=cache_salt))
+        finally:
+            self._preparing -= 1
         live = _Live(seq, asyncio.Queue(), loop)
         with self._lock:
             if self.error is not None:  # the loop died after the check above: do not wait for it forever
                 raise EngineUnavailableError("the engine stopped")
-            waiting = len(self._live) - len(self.engine.scheduler.running)
-            if waiting >= self.max_waiting:
-                self.metrics.rejected.labels(self.metrics.model_name, "queue_full").inc()
-                raise QueueFullError(f"{waiting} requests are already waiting (max_waiting={self.max_waiting})")
             if request_id in self._live:
                 raise ValueError(f"request id {request_id!r} is already in flight")
             self._live[request_id] = live
+            self._held.add(request_id)
         self.engine.submit(seq)
         self._wake.set()
         finished = False
@@ -126,6 +156,13 @@ class AsyncEngine:
                 self._wake.set()
             with self._lock:
                 self._live.pop(request_id, None)
+                self._held.discard(request_id)
+
+    def _admit(self) -> None:
+        waiting = self.num_waiting
+        if waiting >= self.max_waiting:
+            self.metrics.rejected.labels(self.metrics.model_name, "queue_full").inc()
+            raise QueueFullError(f"{waiting} requests are already waiting (max_waiting={self.max_waiting})")
 
     # ---- the step loop (its own thread) -----------------------------------------------------------------
     def _loop(self) -> None:
@@ -172,6 +209,9 @@ class AsyncEngine:
             else:
                 m.itl.observe(now - live.last_token)
             live.last_token = now
+        if out.finished:
+            with self._lock:
+                self._held.discard(out.request_id)
         if out.finished and out.finish_reason != "abort":
             seq = live.seq
             m.e2e.observe(now - seq.arrival_time)

@@ -15,10 +15,11 @@ from collections.abc import Sequence as Seq
 from chunkpilot.engine.sequence import Sequence
 
 
-def block_hash(parent: bytes | None, tokens: Seq[int]) -> bytes:
-    """Hash of one full block, chained on its parent's hash so it identifies the whole prefix."""
+def block_hash(parent: bytes | None, tokens: Seq[int], salt: bytes = b"") -> bytes:
+    """Hash of one full block, chained on its parent's hash so it identifies the whole prefix. The first block
+    also takes the sequence's cache salt (as vLLM's `cache_salt`): sequences salted differently share nothing."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"root")
+    h.update(parent or b"root:" + salt)
     h.update(b",".join(str(t).encode() for t in tokens))
     return h.digest()
 
@@ -63,7 +64,7 @@ class BlockManager:
         return room + self.num_free_blocks * self.block_size
 
     # ---- prefix cache -----------------------------------------------------------------------------------
-    def match_prefix(self, token_ids: Seq[int]) -> list[int]:
+    def match_prefix(self, token_ids: Seq[int], salt: bytes = b"") -> list[int]:
         """Blocks that already hold a prefix of `token_ids`. The last token is never matched: the model must
         compute at least one position to produce the next token's logits."""
         if not self.enable_prefix_caching:
@@ -72,7 +73,7 @@ class BlockManager:
         parent: bytes | None = None
         bs = self.block_size
         for i in range((len(token_ids) - 1) // bs):
-            parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs], salt)
             block = self._block_of_hash.get(parent)
             if block is None:
                 break
@@ -85,7 +86,7 @@ class BlockManager:
         if seq.block_table:
             raise RuntimeError(f"sequence {seq.request_id} already holds blocks")
         token_ids = seq.token_ids
-        cached = self.match_prefix(token_ids)
+        cached = self.match_prefix(token_ids, seq.cache_salt)
         num_cached_tokens = len(cached) * self.block_size
         first_chunk = min(first_chunk, len(token_ids) - num_cached_tokens)
         need_total = -(-(num_cached_tokens + first_chunk) // self.block_size)
@@ -125,7 +126,7 @@ class BlockManager:
         token_ids = seq.token_ids
         bs = self.block_size
         for i in range(len(hashes), full):
-            h = block_hash(hashes[-1] if hashes else None, token_ids[i * bs : (i + 1) * bs])
+            h = block_hash(hashes[-1] if hashes else None, token_ids[i * bs : (i + 1) * bs], seq.cache_salt)
             hashes.append(h)
             block = seq.block_table[i]
             # Another sequence may have computed the same prefix at the same time: keep the first one findable.

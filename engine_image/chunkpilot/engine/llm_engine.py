@@ -138,16 +138,23 @@ class LLMEngine:
         params: SamplingParams | None = None,
         *,
         messages: list[dict] | None = None,
+        cache_salt: bytes = b"",
     ) -> Sequence:
-        """Tokenize and validate a request; raises ValueError naming the field at fault."""
+        """Tokenize and validate a request; raises ValueError naming the field at fault. Sizes are checked
+        before any tokenizing or templating, so an oversized prompt costs nothing."""
         params = params or SamplingParams()
         if messages is not None:
+            if len(messages) > self.max_model_len:  # every message costs at least one token of the template
+                raise ValueError(f"messages has {len(messages)} entries, more than max_model_len={self.max_model_len}")
+            self._check_chars(sum(len(m.get("content") or "") for m in messages), "messages")
             token_ids = self.tokenizer.encode_chat(messages)
         elif isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must be a non-empty string")
+            self._check_chars(len(prompt), "prompt")
             token_ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, list) and prompt:
+            self._check_tokens(len(prompt))
             vocab = self.model_config.vocab_size
             if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
                 raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
@@ -156,12 +163,27 @@ class LLMEngine:
             raise ValueError("prompt must be a non-empty string or a non-empty list of token ids")
         if not token_ids:
             raise ValueError("prompt must contain at least one token")
-        if len(token_ids) >= self.max_model_len:
+        self._check_tokens(len(token_ids))
+        return Sequence(request_id, token_ids, params, cache_salt=cache_salt)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        # Twice the bound the vocabulary gives: normalizers (NFC and the like) may fold a few characters into one.
+        return 2 * self.max_model_len * self.tokenizer.max_token_chars
+
+    def _check_chars(self, chars: int, what: str) -> None:
+        if chars > self.max_prompt_chars:
             raise ValueError(
-                f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len} (the prompt and at "
+                f"{what} has {chars} characters: more than max_model_len={self.max_model_len} tokens can hold (at "
+                f"most {self.max_prompt_chars} characters here); shorten the prompt"
+            )
+
+    def _check_tokens(self, n: int) -> None:
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {n} tokens but max_model_len is {self.max_model_len} (the prompt and at "
                 "least one new token must fit): shorten the prompt"
             )
-        return Sequence(request_id, token_ids, params)
 
     def add_request(self, request_id: str, prompt=None, params: SamplingParams | None = None, *, messages=None) -> Sequence:
         seq = self.make_sequence(request_id, prompt, params, messages=messages)

@@ -11,7 +11,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chunkpilot.engine.sampling_params import SamplingParams
+from chunkpilot.engine.sampling_params import (
+    MAX_CACHE_SALT_CHARS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SamplingParams,
+)
+
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
 class StreamOptions(BaseModel):
@@ -27,12 +35,14 @@ class _Common(BaseModel):
     top_k: Annotated[int, Field(ge=0)] = 0
     n: Annotated[int, Field(ge=1, le=1, description="Only 1 is supported.")] = 1
     seed: int | None = None
-    stop: str | list[Annotated[str, Field(min_length=1)]] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = Field(
+        None, description="As in vLLM: prompts with different salts never share prefix-cache blocks.")
 
     def _params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -23,10 +23,12 @@ async def _outputs(stream):
         await gen.aclose()
 
 
-def _usage(out: RequestOutput) -> dict:
-    return {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
-            "total_tokens": out.num_prompt_tokens + out.num_output_tokens,
-            "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens}}
+def _usage(out: RequestOutput, details: bool) -> dict:
+    usage = {"prompt_tokens": out.num_prompt_tokens, "completion_tokens": out.num_output_tokens,
+             "total_tokens": out.num_prompt_tokens + out.num_output_tokens}
+    if details:  # off with --disable-prompt-tokens-details: the count tells what the prefix cache holds
+        usage["prompt_tokens_details"] = {"cached_tokens": out.num_cached_tokens}
+    return usage
 
 
 def _finish(out: RequestOutput) -> str | None:
@@ -65,15 +67,16 @@ async def _collect(stream) -> tuple[str, list[TokenLogprob], RequestOutput]:
     return text, lps, last
 
 
-async def completion_full(stream, rid: str, model: str, tok: Tokenizer) -> dict:
+async def completion_full(stream, rid: str, model: str, tok: Tokenizer, details: bool = True) -> dict:
     text, lps, last = await _collect(stream)
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "text": text, "logprobs": _completion_logprobs(lps, tok) if lps else None,
                          "finish_reason": _finish(last)}],
-            "usage": _usage(last)}
+            "usage": _usage(last, details)}
 
 
-async def completion_chunks(stream, rid: str, model: str, body: CompletionRequest, tok: Tokenizer):
+async def completion_chunks(stream, rid: str, model: str, body: CompletionRequest, tok: Tokenizer,
+                            details: bool = True):
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     created, last, offset = int(time.time()), None, 0
     async for out in _outputs(stream):
@@ -89,18 +92,19 @@ async def completion_chunks(stream, rid: str, model: str, body: CompletionReques
         yield chunk
     if include_usage and last is not None:
         yield {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-               "usage": _usage(last)}
+               "usage": _usage(last, details)}
 
 
-async def chat_full(stream, rid: str, model: str, tok: Tokenizer) -> dict:
+async def chat_full(stream, rid: str, model: str, tok: Tokenizer, details: bool = True) -> dict:
     text, lps, last = await _collect(stream)
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "logprobs": _chat_logprobs(lps, tok) if lps else None, "finish_reason": _finish(last)}],
-            "usage": _usage(last)}
+            "usage": _usage(last, details)}
 
 
-async def chat_chunks(stream, rid: str, model: str, body: ChatCompletionRequest, tok: Tokenizer):
+async def chat_chunks(stream, rid: str, model: str, body: ChatCompletionRequest, tok: Tokenizer,
+                      details: bool = True):
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     created, last = int(time.time()), None
 
@@ -120,5 +124,5 @@ async def chat_chunks(stream, rid: str, model: str, body: ChatCompletionRequest,
         yield chunk({"content": out.new_text} if out.new_text else {}, _finish(out), lp)
     if include_usage and last is not None:
         yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-               "usage": _usage(last)}
+               "usage": _usage(last, details)}
 

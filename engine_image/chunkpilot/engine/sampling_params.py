@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Every stop string is matched against the text after each new token, so their number and length cost every
+# step of everyone's batch: a request with 100k stop strings slowed another client's tokens 4x. OpenAI allows 4.
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+MAX_CACHE_SALT_CHARS = 256
+
 
 @dataclass
 class SamplingParams:
@@ -41,11 +48,16 @@ class SamplingParams:
         ):
             raise ValueError(f"seed must be an integer in [-2^63, 2^63) or None, got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r:.200}")
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
+                             f"each, got {len(self.stop)} (longest {max(map(len, self.stop))} characters)")
         if not isinstance(self.stop_token_ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
-            raise ValueError(f"stop_token_ids must be a list of integers >= 0, got {self.stop_token_ids!r}")
+            raise ValueError(f"stop_token_ids must be a list of integers >= 0, got {self.stop_token_ids!r:.200}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
         if self.logprobs is not None and (
             not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= 20
         ):

@@ -43,6 +43,9 @@ class Sequence:
     # time.monotonic() when the request arrived and when a step first computed any of its tokens (queue time)
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
+    # Seeds the prefix-cache hash chain: the server sets it per API key and from the request's `cache_salt`, so
+    # one tenant cannot learn from `cached_tokens` what another tenant's prompts begin with.
+    cache_salt: bytes = b""
 
     @property
     def token_ids(self) -> list[int]:

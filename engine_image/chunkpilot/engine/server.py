@@ -1,14 +1,13 @@
 """OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/models, /health, /ready, /metrics.
 
-The model loads in a background thread after the port opens, so /health answers at once and /ready turns true
-when the engine can serve (a Kubernetes startup probe waits on it). Every error leaves in OpenAI's error body.
+The model loads in a background thread after the port opens. /ready turns true when the engine can serve (the
+startup and readiness probes wait on it); /health is liveness: it fails only when a restart would help (the load
+failed, the step loop died or hangs). Every error leaves in OpenAI's error body.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import signal
 import threading
@@ -20,16 +19,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from chunkpilot.engine.api_error import ApiError, bad_request, unavailable
 from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
+from chunkpilot.engine.auth import TENANT, ApiKeyMiddleware, parse_api_keys
+from chunkpilot.engine.body_limit import BodyLimitMiddleware
 from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.knobs_file import KnobsFileWatcher
 from chunkpilot.engine.metrics import EngineMetrics
 from chunkpilot.engine.protocol import ChatCompletionRequest, CompletionRequest, error_body
 from chunkpilot.engine.responses import chat_chunks, chat_full, completion_chunks, completion_full
+from chunkpilot.engine.streaming import ABORTED, sse_response
 
 log = logging.getLogger(__name__)
 
@@ -38,54 +41,33 @@ log = logging.getLogger(__name__)
 class ServerSettings:
     engine: EngineConfig
     served_model_name: str | None = None
-    api_key: str | None = None
+    api_key: str | None = None  # one key, or several separated by commas (one per tenant; see auth.py)
     knobs_file: str | None = None
     knobs_poll_interval: float = 0.2
     max_waiting: int = 256
     retry_after_seconds: int = 1
     grace_period: float = 30.0
+    # None: 64 bytes per token of max_model_len, at least 1 MiB (a whole-context prompt as JSON token ids or
+    # escaped text fits with room to spare)
+    max_request_bytes: int | None = None
+    stream_write_timeout: float = 30.0  # a stream whose client reads nothing for this long is aborted
+    stall_timeout: float = 120.0  # /health fails when the step loop has not come round for this long
+    prompt_tokens_details: bool = True  # `usage.prompt_tokens_details.cached_tokens` in responses
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.api_keys = parse_api_keys(self.api_key)
+        for name in ("stream_write_timeout", "stall_timeout", "grace_period"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
+        if self.max_request_bytes is not None and self.max_request_bytes < 1024:
+            raise ValueError(f"max-request-bytes must be >= 1024, got {self.max_request_bytes}")
 
     @property
     def model_name(self) -> str:
         from pathlib import Path
 
         return self.served_model_name or Path(self.engine.model).name
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str, *, param: str | None = None, code: Any = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.type, self.param, self.code, self.headers = status, type_, param, code, headers
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(str(self), self.type, param=self.param, code=self.code), self.status,
-                            headers=self.headers)
-
-
-class ApiKeyMiddleware:
-    """`Authorization: Bearer <key>` on /v1/*. A plain ASGI middleware on purpose: Starlette's
-    BaseHTTPMiddleware (`@app.middleware("http")`) wraps `receive`, and then `request.is_disconnected()` never
-    sees a client leave, so queued requests of vanished clients would not be aborted."""
-
-    def __init__(self, app, key: str) -> None:
-        self.app, self.key = app, key.encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            token = given[7:] if given.lower().startswith(b"bearer ") else b""
-            if not hmac.compare_digest(token, self.key):
-                response = ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
-                                    "authentication_error", code="invalid_api_key").response()
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, "invalid_request_error", param=param, code=400)
 
 
 class ServerState:
@@ -123,9 +105,26 @@ class ServerState:
 
     def ready_engine(self) -> AsyncEngine:
         if self.engine is None:
-            msg = f"model failed to load: {self.load_error}" if self.load_error else "the model is still loading"
-            raise ApiError(503, msg, "service_unavailable", code=503)
+            raise unavailable(f"model failed to load: {self.load_error}" if self.load_error
+                              else "the model is still loading")
         return self.engine
+
+    def max_request_bytes(self) -> int:
+        if self.settings.max_request_bytes is not None:
+            return self.settings.max_request_bytes
+        max_len = self.engine.engine.max_model_len if self.engine is not None else 8192
+        return max(2**20, 64 * max_len)
+
+    def liveness_failure(self) -> str | None:
+        """Why a restart would help, or None. Loading, draining and busy are all alive."""
+        if self.load_error:
+            return f"model failed to load: {self.load_error}"
+        eng = self.engine
+        if eng is not None and eng.error is not None:
+            return f"step loop died: {eng.error!r}"
+        if eng is not None and eng.stalled(self.settings.stall_timeout):
+            return f"step loop has not come round for over {self.settings.stall_timeout:.0f} s (--stall-timeout)"
+        return None
 
 
 def build_app(settings: ServerSettings) -> FastAPI:
@@ -176,15 +175,19 @@ def build_app(settings: ServerSettings) -> FastAPI:
         log.exception("unhandled error")
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "internal_error", code=500), 500)
 
-    if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, key=settings.api_key)
+    # Starlette runs the last added middleware first: keys are checked before any body is read.
+    app.add_middleware(BodyLimitMiddleware, limit=state.max_request_bytes)
+    if settings.api_keys:
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
 
     # ---- probes and metrics -----------------------------------------------------------------------------
     @app.get("/health")
     async def health():
-        """The process is alive (liveness). Fails once the step loop has died, so Kubernetes restarts the pod."""
-        if state.engine is not None and state.engine.error is not None:
-            return JSONResponse({"status": "failed", "reason": f"step loop died: {state.engine.error!r}"}, 503)
+        """Liveness: fails when the model failed to load or the step loop died or hangs, so Kubernetes restarts
+        the pod. It stays 200 while loading and while draining for shutdown."""
+        failure = state.liveness_failure()
+        if failure:
+            return JSONResponse({"status": "failed", "reason": failure}, 503)
         return {"status": "ok"}
 
     @app.get("/ready")
@@ -220,10 +223,12 @@ def build_app(settings: ServerSettings) -> FastAPI:
             prompt = prompt[0]
         params = _params(body.sampling_params)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        stream = await _start(engine, rid, params, request, prompt=prompt)
+        stream = await _start(engine, rid, params, request, prompt=prompt, cache_salt=_salt(request, body))
+        tok, details = engine.engine.tokenizer, settings.prompt_tokens_details
         if body.stream:
-            return _sse(completion_chunks(stream, rid, settings.model_name, body, engine.engine.tokenizer), request)
-        return await _until_done(completion_full(stream, rid, settings.model_name, engine.engine.tokenizer), request)
+            return sse_response(completion_chunks(stream, rid, settings.model_name, body, tok, details),
+                                settings.stream_write_timeout)
+        return await _until_done(completion_full(stream, rid, settings.model_name, tok, details), request)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -231,10 +236,13 @@ def build_app(settings: ServerSettings) -> FastAPI:
         max_len = engine.engine.max_model_len
         params = _params(lambda: body.sampling_params(default_max_tokens=max_len))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await _start(engine, rid, params, request, messages=body.template_messages())
+        stream = await _start(engine, rid, params, request, messages=body.template_messages(),
+                              cache_salt=_salt(request, body))
+        tok, details = engine.engine.tokenizer, settings.prompt_tokens_details
         if body.stream:
-            return _sse(chat_chunks(stream, rid, settings.model_name, body, engine.engine.tokenizer), request)
-        return await _until_done(chat_full(stream, rid, settings.model_name, engine.engine.tokenizer), request)
+            return sse_response(chat_chunks(stream, rid, settings.model_name, body, tok, details),
+                                settings.stream_write_timeout)
+        return await _until_done(chat_full(stream, rid, settings.model_name, tok, details), request)
 
     return app
 
@@ -246,6 +254,13 @@ def _check(state: ServerState, model: str) -> AsyncEngine:
         raise ApiError(400, f"model {model!r} is not served here; this server serves {state.settings.model_name!r}",
                        "invalid_request_error", param="model", code="model_not_found")
     return engine
+
+
+def _salt(request: Request, body) -> bytes:
+    """The prefix-cache salt: the caller's tenant (its API key, when there are several) and the request's own
+    `cache_salt`."""
+    tenant = request.scope.get("state", {}).get(TENANT, b"")
+    return tenant + (b"|" + body.cache_salt.encode() if body.cache_salt else b"")
 
 
 def _params(make):
@@ -275,7 +290,7 @@ async def _start(engine: AsyncEngine, rid: str, params, request: Request, **prom
         raise ApiError(429, f"server overloaded: {e}; retry later", "rate_limit_error", code="engine_overloaded",
                        headers={"Retry-After": str(engine.retry_after)}) from None
     except EngineUnavailableError as e:
-        raise ApiError(503, str(e), "service_unavailable", code=503) from None
+        raise unavailable(str(e)) from None
     return first, gen
 
 
@@ -288,30 +303,53 @@ async def _until_done(coro, request: Request):
             task.cancel()
             return Response(status_code=499)
     try:
-        return task.result()
+        result = task.result()
     except EngineUnavailableError as e:
-        raise ApiError(503, str(e), "service_unavailable", code=503) from None
+        raise unavailable(str(e)) from None
+    if result["choices"][0]["finish_reason"] == "abort":  # shutdown outlived the grace period
+        raise unavailable(ABORTED)
+    return result
 
 
-def _sse(chunks, request: Request) -> StreamingResponse:
-    async def body():
-        try:
-            async for chunk in chunks:
-                yield f"data: {json.dumps(chunk)}\n\n"
-        except EngineUnavailableError as e:
-            yield f"data: {json.dumps(error_body(str(e), 'service_unavailable', code=503))}\n\n"
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+# After the grace period, how long aborted streams get to send their error event and [DONE] before uvicorn
+# closes the connections.
+FLUSH_SECONDS = 5.0
 
 
 def serve(settings: ServerSettings, host: str = "0.0.0.0", port: int = 8000, log_level: str = "info") -> None:
-    """Run the server until SIGTERM/SIGINT: uvicorn stops accepting, lets in-flight requests finish for up to
-    `grace_period` seconds, then the lifespan aborts what is left; the process exits 0."""
+    """Run the server until SIGTERM/SIGINT. SIGTERM drains: the port stays open, /health stays 200, /ready turns
+    503 (the pod leaves its Service's endpoints) and new requests get 503, while in-flight requests may finish
+    for up to `grace_period` seconds. Whatever is left is then aborted with an error event and [DONE], and the
+    process exits 0. A second signal exits at once."""
     import uvicorn
 
-    class GracefulServer(uvicorn.Server):
+    app = build_app(settings)
+    state: ServerState = app.state.server
+
+    class DrainingServer(uvicorn.Server):
+        draining = False
+
+        async def serve(self, sockets=None) -> None:
+            self.loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
         def handle_exit(self, sig, frame) -> None:
+            if sig == signal.SIGTERM and not self.draining and state.engine is not None:
+                self.draining = True  # runs in a signal handler: hand the work to the event loop
+                self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain_then_exit(sig, frame)))
+                return
+            self._exit(sig, frame)
+
+        async def _drain_then_exit(self, sig, frame) -> None:
+            engine = state.engine
+            log.info("SIGTERM: draining %d requests for up to %.0f s", engine.num_in_flight, settings.grace_period)
+            await engine.drain(settings.grace_period)
+            deadline = time.monotonic() + FLUSH_SECONDS
+            while engine.num_in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            self._exit(sig, frame)
+
+        def _exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)
             # uvicorn re-raises a caught signal after shutting down, so the process would die "by SIGTERM"; a
             # drained SIGTERM shutdown is a clean exit, status 0.
@@ -320,6 +358,7 @@ def serve(settings: ServerSettings, host: str = "0.0.0.0", port: int = 8000, log
                 captured.pop()
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = uvicorn.Config(build_app(settings), host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=int(settings.grace_period), access_log=False)
-    GracefulServer(config).run()
+    # uvicorn's own graceful wait comes after our drain; it only lets the last writes go out.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=int(FLUSH_SECONDS), access_log=False)
+    DrainingServer(config).run()

@@ -38,6 +38,15 @@ class Tokenizer:
         # Whether encode() should add BOS comes from tokenizer.json's own post-processor, as in transformers.
 
     @property
+    def max_token_chars(self) -> int:
+        """The longest vocabulary entry, in characters (byte-level BPE spells each byte as one character): no
+        token stands for more text than this, so a text longer than n times it has more than n tokens, which lets
+        the server refuse a huge prompt without tokenizing it."""
+        if not hasattr(self, "_max_token_chars"):
+            self._max_token_chars = max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
+        return self._max_token_chars
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
