@@ -23,6 +23,8 @@ NOT_EXERCISED = {
     ("", "namespaces", "list"): "kopf lists namespaces only when --namespace is given (this run is cluster-wide; "
                                 "tests/operator/test_operator_resilience.py runs the operator namespaced)",
     ("", "namespaces", "watch"): "kopf watches namespaces only when --namespace is given",
+    ("networking.k8s.io", "networkpolicies", "delete"): "pruned only when an operator restarted without "
+                                                        "--engine-network-policy finds one of its NetworkPolicies",
 }
 SERVICE_MONITOR_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -85,11 +87,14 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
     mark = control_plane.audit_mark()
     (tmp_path / "op").mkdir()
     (tmp_path / "tu").mkdir()
-    with operator(chart_accounts["operator"], tmp_path / "op") as op, \
+    with operator(chart_accounts["operator"], tmp_path / "op", "--engine-network-policy") as op, \
             tuner(chart_accounts["tuner"], tmp_path / "tu") as tu:
         try:
             k.create(sample("a", ns))  # replicas 2: PDB; serviceMonitor: true; tuning auto
             k.create(sample("b", ns, model__source="pvc://models/smollm2"))  # reads the PVC (missing: Degraded)
+            legacy = sample("c", ns)  # the tuner's finalizer as earlier versions left it: kopf patches it away
+            legacy["metadata"]["finalizers"] = ["tuner.chunkpilot.io/finalizer"]
+            k.create(legacy)
             sm = ("monitoring.coreos.com", "v1", ns, "servicemonitors", "a")
             def monitor():
                 try:
@@ -98,15 +103,20 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
                     return None
             assert eventually(lambda: monitor() is not None and k.children_exist(ns, "a")), op.log()
             assert eventually(lambda: k.cond(ns, "b", "Degraded").get("reason") == "MissingVolume")
+            assert eventually(lambda: not k.get("inferencedeployments", ns, "c")["metadata"].get("finalizers"))
             # Someone edits what the operator owns: the next pass puts it back (a patch of each kind).
             svc = k.get("services", ns, "a")["spec"]["ports"][0]
             k.core.patch_namespaced_service("a", ns, {"spec": {"ports": [{"port": svc["port"], "targetPort": 1}]}})
             k.policy.patch_namespaced_pod_disruption_budget("a", ns, {"spec": {"maxUnavailable": 5}})
             k.custom.patch_namespaced_custom_object(*sm, {"spec": {"endpoints": []}})
+            net = kubernetes.client.NetworkingV1Api(control_plane.api())
+            net.patch_namespaced_network_policy("a", ns, {"spec": {"policyTypes": ["Ingress", "Egress"]}})
             k.patch("a", {"metadata": {"labels": {"poke": "1"}}}, ns)
             assert eventually(lambda: k.get("services", ns, "a")["spec"]["ports"][0]["targetPort"] != 1
                               and k.get("poddisruptionbudgets", ns, "a")["spec"]["maxUnavailable"] != 5
-                              and monitor()["spec"]["endpoints"]), op.log()
+                              and monitor()["spec"]["endpoints"]
+                              and net.read_namespaced_network_policy("a", ns).spec.policy_types == ["Ingress"]), \
+                op.log()
             k.patch("a", {"spec": {"replicas": 1, "monitoring": {"serviceMonitor": False},
                                    "scheduler": {"tokenBudget": 256}}}, ns)
             assert eventually(lambda: k.get("poddisruptionbudgets", ns, "a") is None and monitor() is None)
@@ -118,7 +128,7 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
         finally:
             op.stop()
             tu.stop()
-            k.delete_namespace(ns, drop_finalizers=True)  # the tuner is stopped: its finalizer goes by hand
+            k.delete_namespace(ns)  # the tuner puts no finalizer on anything
     for component, proc in (("operator", op), ("tuner", tu)):
         granted = chart_rules(component)
         calls = used(control_plane.audit(service_account_user(component), mark))

@@ -11,11 +11,16 @@ import pytest
 import yaml
 
 from chunkpilot.api import InferenceDeployment
+from chunkpilot.api.types import EnvVar
 from chunkpilot.api.crd import CRD_FILENAME, crd_manifest, render
 from chunkpilot.operator import builders as b
+from chunkpilot.operator.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+# The GPU sample's priority class needs the admin's allowance (operator/policy.py); the NetworkPolicy is on.
+SAMPLE_SETTINGS = b.OperatorSettings(policy=Policy(allowed_priority_classes=("inference-critical",)),
+                                     engine_network_policy=True, network_policy_namespaces=("monitoring",))
 SMOL = ROOT / "crds" / "samples" / "smollm2.yaml"  # auto tuning, CPU
 GPU = ROOT / "crds" / "samples" / "llama-70b-gpu.yaml"  # advisory tuning, 4 GPUs, hf:// source
 K8S_VERSIONS = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"]
@@ -103,7 +108,7 @@ def test_cel_rules_accept_samples_and_reject_crossed_fields():
 def test_rendered_objects_pass_kubernetes_schemas(sample, version):
     import kubernetes_validate
 
-    objs = b.desired_objects(load(sample), service_monitor_crd=True)
+    objs = b.desired_objects(load(sample), SAMPLE_SETTINGS, service_monitor_crd=True)
     kinds = {o["kind"] for o in objs}
     assert {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget"} <= kinds
     for o in objs:
@@ -125,7 +130,7 @@ def test_pods_are_locked_down_and_probed():
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["CHUNKPILOT_KNOBS_FILE"] == "/etc/chunkpilot/knobs.json"
     assert {"name": "knobs", "mountPath": "/etc/chunkpilot", "readOnly": True} in c["volumeMounts"]
-    gpu = b.deployment(load(GPU))
+    gpu = b.deployment(load(GPU), SAMPLE_SETTINGS)
     gc = gpu["spec"]["template"]["spec"]
     assert gc["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert gc["initContainers"][0]["name"] == "download-model"
@@ -141,7 +146,7 @@ def test_knob_change_touches_only_the_configmap():
     assert changed == ["ConfigMap"]
     advisory = load(GPU)  # advisory mode: the tuner's knobs are never applied
     advisory.status.scheduler = tuned.status.scheduler
-    assert '"max_chunk": 512, "token_budget": 2048' in b.desired_objects(advisory)[0]["data"]["knobs.json"]
+    assert '"max_chunk": 512, "token_budget": 2048' in b.desired_objects(advisory, SAMPLE_SETTINGS)[0]["data"]["knobs.json"]
     assert '"generation": 7' in after[0]["data"]["knobs.json"] and '"token_budget": 256' in after[0]["data"]["knobs.json"]
     spec_change = copy.deepcopy(obj)
     spec_change.spec.scheduler.token_budget = 512
@@ -212,3 +217,83 @@ def test_watch_timeout_is_whole_seconds():
     w = kopf_settings(OperatorConfig()).watching
     assert type(w.server_timeout) is int and w.server_timeout == 300
     assert type(w.client_timeout) is int
+
+
+# ---- what InferenceDeployment authors may not ask for (operator/policy.py) ----------------------------------
+@pytest.mark.parametrize("mutate, allow, words", [
+    (lambda e, m: setattr(m, "source", "hostpath:///"), Policy(allowed_host_paths=("/mnt/models",)), "host path /"),
+    (lambda e, m: setattr(m, "source", "hostpath:///mnt/models/../../etc"), Policy(allowed_host_paths=("/mnt",)),
+     "'..'"),
+    (lambda e, m: setattr(m, "source", "hostpath:///mnt/models-evil/x"), Policy(allowed_host_paths=("/mnt/models",)),
+     "not allowed"),
+    (lambda e, m: setattr(e, "image", "evil.example/miner:1"), Policy(allowed_image_prefixes=("registry.corp/",)),
+     "spec.engine.image"),
+    (lambda e, m: setattr(e, "image", "ghcr.io/chunkpilot/engine-evil:1"), Policy(), "spec.engine.image"),
+    (lambda e, m: setattr(e, "priority_class_name", "system-node-critical"), Policy(allowed_priority_classes=("batch",)),
+     "priorityClassName"),
+    (lambda e, m: setattr(e, "tolerations", [{"operator": "Exists"}]), Policy(), "tolerates every taint"),
+    (lambda e, m: setattr(e, "tolerations", [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]),
+     Policy(), "tolerations[0]"),
+])
+def test_the_admin_policy_refuses_host_paths_images_priorities_and_tolerations(mutate, allow, words):
+    obj = load(SMOL)
+    mutate(obj.spec.engine, obj.spec.model)
+    with pytest.raises(b.policy.PolicyError, match=words.replace(".", r"\.").replace("[", r"\[")):
+        b.desired_objects(obj, b.OperatorSettings(policy=allow))
+
+
+def test_the_admin_policy_allows_what_it_lists():
+    obj = load(SMOL)
+    obj.spec.model.source = "hostpath:///mnt/models/smollm2"
+    obj.spec.engine.image = "registry.corp/engine:2"
+    obj.spec.engine.priority_class_name = "batch"
+    obj.spec.engine.tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    allow = Policy(allowed_host_paths=("/mnt/models",), allowed_image_prefixes=("registry.corp/",),
+                   allowed_priority_classes=("batch",))
+    dep = b.deployment(obj, b.OperatorSettings(policy=allow))
+    assert dep["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"] == "/mnt/models/smollm2"
+    default = load(SMOL)
+    default.spec.engine.image = "ghcr.io/chunkpilot/engine:0.2.0"  # the operator's own repository, another tag
+    b.desired_objects(default)
+    assert b.policy.image_prefixes(Policy(), "host:5000/team/engine:1") == ("host:5000/team/engine:",
+                                                                            "host:5000/team/engine@")
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda e: setattr(e, "env", [EnvVar(name="CHUNKPILOT_API_KEY", value="")]), "spec.engine.env[0]"),
+    (lambda e: setattr(e, "extra_args", ["--max-waiting", "64", "--api-key="]), "spec.engine.extraArgs[2]"),
+    (lambda e: setattr(e, "extra_args", ["--port", "9000"]), "spec.engine.extraArgs[0]"),
+    (lambda e: setattr(e, "extra_args", ["--no-enable-prefix-caching"]), "spec.engine.extraArgs[0]"),
+])
+def test_env_and_args_cannot_override_what_the_operator_sets(mutate, field):
+    obj = load(SMOL)
+    mutate(obj.spec.engine)
+    with pytest.raises(b.SpecError, match=field.replace(".", r"\.").replace("[", r"\[")):
+        b.desired_objects(obj)
+
+
+def test_every_engine_setting_the_operator_renders_is_reserved():
+    obj = load(GPU)
+    obj.spec.model.max_model_len = 4096
+    obj.spec.engine.extra_args = ["--max-waiting", "64", "--stall-timeout=60"]  # flags it does not set are fine
+    env = b.engine_env(obj, "/models/m", b.OperatorSettings(engine_api_key_secret="k"))
+    names = {e["name"].removeprefix("CHUNKPILOT_") for e in env if e["name"].startswith("CHUNKPILOT_")}
+    assert names <= set(b.OPERATOR_ENGINE_SETTINGS)
+    b.desired_objects(obj, SAMPLE_SETTINGS)
+
+
+def test_engine_pods_are_closed_by_default_and_drain_before_they_stop():
+    spec = b.deployment(load(SMOL))["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    assert spec["automountServiceAccountToken"] is False
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]  # not BestEffort
+    assert c["startupProbe"]["httpGet"]["path"] == "/ready"  # a failed or hung load restarts the pod
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(b.PRESTOP_SECONDS)]
+    grace = next(int(e["value"]) for e in c["env"] if e["name"] == "CHUNKPILOT_GRACE_PERIOD")
+    assert spec["terminationGracePeriodSeconds"] > b.PRESTOP_SECONDS + grace
+    assert "NetworkPolicy" not in [o["kind"] for o in b.desired_objects(load(SMOL))]  # optional
+    netpol = next(o for o in b.desired_objects(load(SMOL), SAMPLE_SETTINGS) if o["kind"] == "NetworkPolicy")
+    peers = netpol["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {}} in peers
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in peers

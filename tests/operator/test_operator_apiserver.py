@@ -29,7 +29,9 @@ def eventually(cond, timeout: float = 30) -> bool:
 def cluster(control_plane, chart_accounts, tmp_path_factory):
     k = Cluster(control_plane.api())
     k.namespace(NS)
-    with operator(chart_accounts["operator"], tmp_path_factory.mktemp("operator")) as op:
+    # the images these tests roll to, allowed as a cluster admin would (operator/policy.py)
+    with operator(chart_accounts["operator"], tmp_path_factory.mktemp("operator"),
+                  "--allowed-image-prefix", "registry.example/", "--allowed-image-prefix", "x:") as op:
         yield control_plane, k, op
         assert op.alive(), f"the operator died on user input:\n{op.log()}"
         assert op.stop() == 0, op.log()
@@ -184,6 +186,12 @@ def test_deployment_status_drives_the_conditions(cluster):
     ("bad-budget", {"engine__maxNumSeqs": 300}, "InvalidSpec", "spec.scheduler.tokenBudget"),
     ("no-slo", {"slo": {}}, "InvalidSpec", "spec.slo"),
     ("no-claim", {"model__source": "pvc://no-such-claim/smollm2"}, "MissingVolume", "no-such-claim"),
+    # the admin's policy (operator/policy.py): by default no host path may be mounted
+    ("host-etc", {"model__source": "hostpath:///etc"}, "NotAllowed", "host path /etc is not allowed"),
+    ("any-taint", {"engine__tolerations": [{"operator": "Exists"}]}, "NotAllowed", "tolerates every taint"),
+    # the platform's API key cannot be switched off from a spec
+    ("key-off", {"engine__extraArgs": ["--api-key="]}, "InvalidSpec", "extraArgs[0]"),
+    ("key-env", {"engine__env": [{"name": "CHUNKPILOT_API_KEY", "value": ""}]}, "InvalidSpec", "CHUNKPILOT_"),
 ])
 def test_invalid_spec_degrades_with_a_warning_and_creates_nothing(cluster, name, override, reason, words):
     """Specs the CRD's schema and CEL admit but the operator cannot serve (admission itself is tested below)."""
@@ -200,6 +208,25 @@ def test_invalid_spec_degrades_with_a_warning_and_creates_nothing(cluster, name,
     assert all(k.get(p, NS, n) is None for p, n in
                [("deployments", name), ("services", name), ("configmaps", f"{name}-knobs")])
     assert op.alive()
+
+
+def test_objects_with_our_names_that_are_not_ours_are_left_alone(cluster):
+    """A ConfigMap someone else made, named like our knobs ConfigMap: applying over it would make it ours, and
+    deleting the InferenceDeployment would then garbage-collect it."""
+    cp, k, op = cluster
+    k.core.create_namespaced_config_map(NS, {"metadata": {"name": "kappa-knobs"}, "data": {"theirs": "1"}})
+    k.create(sample("kappa", NS))
+    assert eventually(lambda: k.cond(NS, "kappa", "Degraded").get("reason") == "NameConflict"), op.log()
+    assert "ConfigMap kappa-knobs" in k.cond(NS, "kappa", "Degraded")["message"]
+    assert eventually(lambda: [m for t, r, m in k.events(NS, "kappa") if t == "Warning" and r == "NameConflict"])
+    victim = k.get("configmaps", NS, "kappa-knobs")
+    assert victim["data"] == {"theirs": "1"} and not victim["metadata"].get("ownerReferences")
+    assert k.get("deployments", NS, "kappa") is None and k.get("services", NS, "kappa") is None  # nothing half-made
+    k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", "kappa")
+    assert eventually(lambda: k.get("inferencedeployments", NS, "kappa") is None)
+    time.sleep(2)  # the garbage collector had nothing of ours to follow
+    assert k.get("configmaps", NS, "kappa-knobs")["data"] == {"theirs": "1"}
+    k.core.delete_namespaced_config_map("kappa-knobs", NS)
 
 
 def test_a_bad_update_leaves_the_running_objects_alone(cluster):

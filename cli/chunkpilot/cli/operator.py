@@ -35,12 +35,38 @@ def run(
     resync: int = typer.Option(300, envvar="CHUNKPILOT_OPERATOR_RESYNC_SECONDS",
                                  help="Every object is re-checked at least this often, in whole seconds (watch re-list)."),
     workers: int = typer.Option(16, envvar="CHUNKPILOT_OPERATOR_WORKERS", help="Threads for reconcile passes."),
+    allowed_host_path: list[str] = typer.Option([], "--allowed-host-path", envvar="CHUNKPILOT_ALLOWED_HOST_PATHS",
+                                                help="Node directory hostpath:// model sources may name, with "
+                                                     "everything below it (repeat for more). Default: none."),
+    allowed_image_prefix: list[str] = typer.Option([], "--allowed-image-prefix",
+                                                   envvar="CHUNKPILOT_ALLOWED_IMAGE_PREFIXES",
+                                                   help="Image prefix spec.engine.image may use (repeat for more; '*' "
+                                                        "allows any). Default: the engine image's repository."),
+    allowed_priority_class: list[str] = typer.Option([], "--allowed-priority-class",
+                                                     envvar="CHUNKPILOT_ALLOWED_PRIORITY_CLASSES",
+                                                     help="Priority class specs may name (repeat; '*' any). Default: none."),
+    allowed_toleration_key: list[str] = typer.Option(["nvidia.com/gpu"], "--allowed-toleration-key",
+                                                     envvar="CHUNKPILOT_ALLOWED_TOLERATION_KEYS",
+                                                     help="Taint key specs may tolerate (repeat; '*' any, key-less "
+                                                          "tolerations too)."),
+    default_cpu_request: str = typer.Option("1", envvar="CHUNKPILOT_DEFAULT_CPU_REQUEST",
+                                            help="CPU request of engine pods whose spec sets none."),
+    default_memory_request: str = typer.Option("4Gi", envvar="CHUNKPILOT_DEFAULT_MEMORY_REQUEST",
+                                               help="Memory request of engine pods whose spec sets none."),
+    engine_network_policy: bool = typer.Option(False, envvar="CHUNKPILOT_ENGINE_NETWORK_POLICY",
+                                               help="Render a NetworkPolicy per InferenceDeployment: only its own "
+                                                    "namespace and --network-policy-namespace reach the engines."),
+    network_policy_namespace: list[str] = typer.Option([], "--network-policy-namespace",
+                                                       envvar="CHUNKPILOT_NETWORK_POLICY_NAMESPACES",
+                                                       help="Namespace also allowed to reach the engines (Prometheus', "
+                                                            "the gateway's); repeat for more."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ) -> None:
     """Watch InferenceDeployments and keep their Deployment, Service, knobs ConfigMap, PDB and ServiceMonitor
     as the spec (and the tuner) say. Uses the in-cluster service account, else $KUBECONFIG / ~/.kube/config."""
     from chunkpilot.operator.builders import OperatorSettings
     from chunkpilot.operator.handlers import OperatorConfig, run as run_operator
+    from chunkpilot.operator.policy import Policy
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -54,11 +80,25 @@ def run(
     if resync < 5 or workers < 1:
         typer.echo("error: --resync must be >= 5 seconds and --workers >= 1", err=True)
         raise typer.Exit(2)
-    names = tuple(n for ns in namespace for n in ns.split(",") if n)
+    def split(values: list[str]) -> tuple[str, ...]:  # repeated flags, or one comma-separated env var
+        return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+
+    names = split(namespace)
+    policy = Policy(allowed_host_paths=split(allowed_host_path),
+                    allowed_image_prefixes=split(allowed_image_prefix) or None,
+                    allowed_priority_classes=split(allowed_priority_class),
+                    allowed_toleration_keys=split(allowed_toleration_key))
+    bad = [p for p in policy.allowed_host_paths if not p.startswith("/")]
+    if bad:
+        typer.echo(f"error: --allowed-host-path takes absolute paths, got {', '.join(bad)}", err=True)
+        raise typer.Exit(2)
     config = OperatorConfig(
         namespaces=names,
         engine=OperatorSettings(engine_image=engine_image, hf_download_image=hf_download_image,
                                 startup_timeout_seconds=startup_timeout,
-                                engine_api_key_secret=engine_api_key_secret or None),
+                                engine_api_key_secret=engine_api_key_secret or None, policy=policy,
+                                default_cpu_request=default_cpu_request, default_memory_request=default_memory_request,
+                                engine_network_policy=engine_network_policy,
+                                network_policy_namespaces=split(network_policy_namespace)),
         peering=peering, priority=priority, liveness=liveness or None, resync_seconds=resync, workers=workers)
     run_operator(config)

@@ -31,6 +31,7 @@ TYPED = {
     ("v1", "PersistentVolumeClaim"): _Typed("CoreV1Api", "persistent_volume_claim"),
     ("apps/v1", "Deployment"): _Typed("AppsV1Api", "deployment"),
     ("policy/v1", "PodDisruptionBudget"): _Typed("PolicyV1Api", "pod_disruption_budget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): _Typed("NetworkingV1Api", "network_policy"),
 }
 CUSTOM = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
           (f"{GROUP}/{VERSION}", "InferenceDeployment"): PLURAL}

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, SchedulerStatus
 from chunkpilot.engine.knobs import SchedulerKnobs
 from chunkpilot.engine.knobs_file import dumps_knobs
+from chunkpilot.operator import policy
+from chunkpilot.operator.policy import Policy
 
 ENGINE_PORT = 8000
 KNOBS_DIR = "/etc/chunkpilot"
@@ -20,6 +22,20 @@ ENGINE_UID = 10001
 # The annotation on the pod template that changes whenever something that needs a restart changes
 # (image, model, resources, engine flags) and never when only the knobs do.
 CONFIG_HASH = f"{GROUP}/config-hash"
+# Shutdown, in order: preStop sleeps while endpoints stop sending new requests to the pod; then SIGTERM, and the
+# engine lets in-flight requests finish for its grace period, aborts the rest with an error event and gives those
+# streams a few seconds to flush (engine/server.py FLUSH_SECONDS); the kubelet's grace period covers all of it.
+PRESTOP_SECONDS = 5
+ENGINE_GRACE_SECONDS = 30
+TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + ENGINE_GRACE_SECONDS + 5 + 5
+# Every engine setting the operator may set, as CHUNKPILOT_<NAME> env and as --<name> flag. A spec's env and
+# extraArgs may not set them: an InferenceDeployment author must not turn off the platform's API key
+# (`extraArgs: ["--api-key="]`) or move the port the probes and the Service use.
+OPERATOR_ENGINE_SETTINGS = (
+    "MODEL", "HOST", "PORT", "SERVED_MODEL_NAME", "KNOBS_FILE", "TOKEN_BUDGET", "MAX_CHUNK", "MAX_NUM_SEQS",
+    "DTYPE", "DEVICE", "GPU_MEMORY_UTILIZATION", "ENABLE_PREFIX_CACHING", "MAX_MODEL_LEN", "API_KEY",
+    "GRACE_PERIOD",
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +45,15 @@ class OperatorSettings:
     startup_timeout_seconds: int = 900
     # "secret:key" in each InferenceDeployment's namespace: the engine then requires this API key on /v1/*.
     engine_api_key_secret: str | None = None
+    policy: Policy = Policy()
+    # Requests for engine pods whose spec sets no cpu or memory: without them the pod would be BestEffort, the
+    # first to be evicted under node pressure.
+    default_cpu_request: str = "1"
+    default_memory_request: str = "4Gi"
+    # A NetworkPolicy per InferenceDeployment: only pods of its own namespace, and of these namespaces (e.g. where
+    # Prometheus or the gateway run), may reach the engine port.
+    engine_network_policy: bool = False
+    network_policy_namespaces: tuple[str, ...] = ()
 
 
 class SpecError(ValueError):
@@ -76,9 +101,27 @@ def effective_knobs(obj: InferenceDeployment) -> SchedulerStatus:
                            generation=(st.generation + 1) if st is not None else 1)
 
 
-def validate(obj: InferenceDeployment) -> None:
-    """What the CRD schema cannot check; raises SpecError naming the field and the fix."""
+def _flag_setting(arg: str) -> str | None:
+    """`--api-key=x`, `--no-enable-prefix-caching` -> the setting's env name suffix, for flags only."""
+    if not arg.startswith("--"):
+        return None
+    name = arg[2:].split("=", 1)[0].upper().replace("-", "_")
+    return name.removeprefix("NO_")
+
+
+def validate(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> None:
+    """What the CRD schema cannot check; raises SpecError naming the field and the fix, or PolicyError when the
+    operator's settings forbid it."""
     spec = obj.spec
+    for i, e in enumerate(spec.engine.env):
+        if e.name.startswith("CHUNKPILOT_"):
+            raise SpecError(f"spec.engine.env[{i}] {e.name}: CHUNKPILOT_* variables are the operator's; set the "
+                            "matching spec field instead (model, engine, scheduler)")
+    for i, arg in enumerate(spec.engine.extra_args):
+        if _flag_setting(arg) in OPERATOR_ENGINE_SETTINGS:
+            raise SpecError(f"spec.engine.extraArgs[{i}] {arg.split('=', 1)[0]!r} is set by the operator; use the "
+                            "matching spec field instead (model, engine, scheduler)")
+    policy.check(spec, settings.policy, settings.engine_image)
     if spec.scheduler.token_budget < spec.engine.max_num_seqs:
         raise SpecError(f"spec.scheduler.tokenBudget ({spec.scheduler.token_budget}) must be >= spec.engine.maxNumSeqs "
                         f"({spec.engine.max_num_seqs}): every running sequence needs one token per step")
@@ -140,6 +183,7 @@ def engine_env(obj: InferenceDeployment, model_path: str,
     spec = obj.spec
     env = {
         "CHUNKPILOT_MODEL": model_path,
+        "CHUNKPILOT_GRACE_PERIOD": str(ENGINE_GRACE_SECONDS),
         "CHUNKPILOT_PORT": str(ENGINE_PORT),
         "CHUNKPILOT_SERVED_MODEL_NAME": served_name(obj),
         "CHUNKPILOT_KNOBS_FILE": f"{KNOBS_DIR}/{KNOBS_FILE}",
@@ -160,7 +204,9 @@ def engine_env(obj: InferenceDeployment, model_path: str,
         secret, _, key = settings.engine_api_key_secret.partition(":")
         out.append({"name": "CHUNKPILOT_API_KEY",
                     "valueFrom": {"secretKeyRef": {"name": secret, "key": key or "api-key"}}})
-    return out + [{"name": e.name, "value": e.value} for e in spec.engine.env]
+    # The user's first: of two entries with one name the last wins, so the operator's would, even if validate()
+    # had let a clash through.
+    return [{"name": e.name, "value": e.value} for e in spec.engine.env] + out
 
 
 def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> dict:
@@ -174,18 +220,23 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
         limits["cpu"] = res.cpu
     if res.memory:
         limits["memory"] = res.memory
+    requests = {"cpu": settings.default_cpu_request, "memory": settings.default_memory_request, **limits}
+    # Liveness on /health: it fails only when a restart helps (the load failed, the step loop died or hangs).
+    # Start-up waits on /ready, so a load that fails or hangs past the start-up timeout restarts the pod.
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 3}
+    ready = {"httpGet": {"path": "/ready", "port": "http"}, "timeoutSeconds": 3}
     container = {
         "name": "engine",
         "image": spec.engine.image or settings.engine_image,
         "args": list(spec.engine.extra_args),
         "env": engine_env(obj, model_path, settings),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        "resources": {"limits": limits, "requests": dict(limits)},
-        "startupProbe": {**probe, "failureThreshold": max(1, settings.startup_timeout_seconds // 10)},
+        "resources": {"limits": limits, "requests": requests},
+        "startupProbe": {**ready, "periodSeconds": 10,
+                         "failureThreshold": max(1, settings.startup_timeout_seconds // 10)},
         "livenessProbe": {**probe, "failureThreshold": 3},
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 3,
-                           "failureThreshold": 2},
+        "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 2},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}},
         "volumeMounts": mounts + [{"name": "knobs", "mountPath": KNOBS_DIR, "readOnly": True},
                                   {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": _container_security(),
@@ -195,6 +246,8 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
     template_annotations = dict(spec.engine.pod_annotations)
     template_annotations[CONFIG_HASH] = config_hash(obj, settings)
     pod_spec = {
+        # The engine never calls the Kubernetes API: no token for whoever gets code to run in it.
+        "automountServiceAccountToken": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": ENGINE_UID, "fsGroup": ENGINE_UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "initContainers": inits,
@@ -205,8 +258,7 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
         "nodeSelector": dict(spec.engine.node_selector),
         "tolerations": list(spec.engine.tolerations),
         "imagePullSecrets": [{"name": s.name} for s in spec.engine.image_pull_secrets],
-        # SIGTERM drains in-flight requests for up to 30 s (the engine's grace period); give it a bit more.
-        "terminationGracePeriodSeconds": 45,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     if spec.engine.affinity:
         pod_spec["affinity"] = spec.engine.affinity
@@ -258,14 +310,26 @@ def service_monitor(obj: InferenceDeployment) -> dict | None:
                      "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}}
 
 
+def network_policy(obj: InferenceDeployment, settings: OperatorSettings) -> dict | None:
+    if not settings.engine_network_policy:
+        return None
+    name = obj.metadata["name"]
+    peers = [{"podSelector": {}}] + [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+        for ns in settings.network_policy_namespaces]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(obj, name),
+            "spec": {"podSelector": {"matchLabels": selector_labels(name)}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": peers, "ports": [{"port": "http", "protocol": "TCP"}]}]}}
+
+
 def desired_objects(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings(),
                     *, service_monitor_crd: bool = False) -> list[dict]:
     """All objects for one InferenceDeployment, after validate() passed (no half-applied sets)."""
-    validate(obj)
+    validate(obj, settings)
     out = [knobs_configmap(obj), deployment(obj, settings), service(obj)]
-    pdb = pod_disruption_budget(obj)
-    if pdb:
-        out.append(pdb)
+    for optional in (pod_disruption_budget(obj), network_policy(obj, settings)):
+        if optional:
+            out.append(optional)
     sm = service_monitor(obj) if service_monitor_crd else None
     if sm:
         out.append(sm)

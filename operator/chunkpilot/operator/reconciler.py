@@ -24,6 +24,7 @@ from chunkpilot.kube.client import Kube
 from chunkpilot.kube.conditions import condition, now_rfc3339
 from chunkpilot.operator.apply import describe, plan, with_hash
 from chunkpilot.operator.conditions import Problem, status_patch
+from chunkpilot.operator.policy import PolicyError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 EventPoster = Callable[[dict, str, str, str], None]
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 # Children that come and go with the spec (the others always exist while the resource does).
-OPTIONAL_CHILDREN = [("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor")]
+OPTIONAL_CHILDREN = [("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
+                     ("networking.k8s.io/v1", "NetworkPolicy")]
 
 
 @dataclass
@@ -86,6 +88,8 @@ class Reconciler:
         try:
             obj = self._parse(raw)
             desired = self._desired(obj, raw)
+        except PolicyError as e:
+            out.problem = Problem("NotAllowed", str(e))
         except (builders.SpecError, ValidationError) as e:
             msg = spec_error_message(e) if isinstance(e, ValidationError) else str(e)
             out.problem = Problem("InvalidSpec", msg)
@@ -98,9 +102,12 @@ class Reconciler:
         if out.problem is None and obj is not None:
             try:
                 deploy_live = self._apply_all(raw, desired, out)
+            except _NameConflict as e:
+                out.problem = Problem("NameConflict", str(e))
             except ApiException as e:
                 out.problem = Problem("ApiError", _api_message(e, "applying the engine objects"))
-        if deploy_live is None:
+        if deploy_live is None and (out.problem is None or out.problem.reason != "NameConflict"):
+            # (a Deployment that is not ours says nothing about this resource's replicas)
             deploy_live = self._read_quietly("apps/v1", "Deployment", ns, name)
 
         status = raw.get("status") or {}
@@ -135,7 +142,7 @@ class Reconciler:
         return InferenceDeployment(metadata=raw["metadata"], spec=spec, status=status)
 
     def _desired(self, obj: InferenceDeployment, raw: dict) -> list[dict]:
-        builders.validate(obj)
+        builders.validate(obj, self.settings)
         src = obj.spec.model.source
         ns = obj.metadata.get("namespace", "default")
         if src.startswith("pvc://"):
@@ -164,10 +171,18 @@ class Reconciler:
         return self._crd_cache[1]
 
     def _apply_all(self, raw: dict, desired: list[dict], out: Outcome) -> dict | None:
-        deploy_live = None
+        uid = raw["metadata"].get("uid")
+        lives = []
         for want in desired:
             m = want["metadata"]
-            live = self.kube.read(want["apiVersion"], want["kind"], m["namespace"], m["name"])
+            lives.append(self.kube.read(want["apiVersion"], want["kind"], m["namespace"], m["name"]))
+        # Nothing is written while any name is taken by an object that is not ours: applying it would give it
+        # our ownerReference, and deleting this resource would then garbage-collect someone else's object.
+        taken = [describe(w) for w, live in zip(desired, lives) if live is not None and not _owned_by(live, uid)]
+        if taken:
+            raise _NameConflict(taken)
+        deploy_live = None
+        for want, live in zip(desired, lives):
             action = plan(want, live)
             if action == "create":
                 try:
@@ -175,6 +190,10 @@ class Reconciler:
                 except ApiException as e:
                     if e.status != 409:  # 409: another pass (or operator replica) created it first
                         raise
+                    m = want["metadata"]
+                    live = self.kube.read(want["apiVersion"], want["kind"], m["namespace"], m["name"])
+                    if live is not None and not _owned_by(live, uid):  # someone else's, created meanwhile
+                        raise _NameConflict([describe(want)]) from None
                     live = self.kube.apply(with_hash(want))
                     action = "apply"
                 self.post_event(raw, "Normal", "Created", f"created {describe(want)}")
@@ -199,7 +218,7 @@ class Reconciler:
             if (api_version, kind) in wanted or (kind == "ServiceMonitor" and not self._monitor_crd_present()):
                 continue
             live = self.kube.read(api_version, kind, ns, name)
-            if live and any(r.get("uid") == uid for r in live["metadata"].get("ownerReferences") or []):
+            if live and _owned_by(live, uid):
                 self.kube.delete(api_version, kind, ns, name)
                 out.changes.append(f"delete {kind} {name}")
                 self.post_event(raw, "Normal", "Deleted", f"deleted {kind} {name}: the spec no longer asks for it")
@@ -235,6 +254,17 @@ class Reconciler:
 
 class _MissingVolume(Exception):
     pass
+
+
+class _NameConflict(Exception):
+    def __init__(self, taken: list[str]) -> None:
+        super().__init__(f"{', '.join(taken)} already exist{'s' if len(taken) == 1 else ''} and belong to something "
+                         "else (no ownerReference to this InferenceDeployment): rename the InferenceDeployment, or "
+                         "delete or rename the existing object; nothing was changed")
+
+
+def _owned_by(live: dict, uid: str | None) -> bool:
+    return any(r.get("uid") == uid for r in live["metadata"].get("ownerReferences") or [])
 
 
 def _template_hash(deploy: dict | None) -> str | None:

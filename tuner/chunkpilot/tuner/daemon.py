@@ -1,5 +1,5 @@
-"""Cluster mode: one kopf daemon per InferenceDeployment whose tuning mode is not off, each running the same
-TunerLoop as local mode, with the custom resource as actuator and publisher.
+"""Cluster mode: one tuning thread per InferenceDeployment whose tuning mode is not off (see supervisor.py), each
+running the same TunerLoop as local mode, with the custom resource as actuator and publisher.
 
 * auto: the chosen knobs go to `status.scheduler` (source: tuner, generation + 1); the operator turns them into
   the knobs ConfigMap; Prometheus tells when every pod exports that generation.
@@ -8,9 +8,9 @@ TunerLoop as local mode, with the custom resource as actuator and publisher.
   (read-modify-write with the resourceVersion, retried on 409, so the operator's conditions survive).
 * A change of the SLOs, bounds or objective starts a new study (its name carries a fingerprint of them): trials
   measured against other targets say nothing about the new ones.
-* kopf's bookkeeping uses the prefix `tuner.chunkpilot.io`, apart from the operator's. kopf daemons need a
-  finalizer: deleting a tuned resource waits until the tuner stopped its daemon (seconds); if the tuner is gone
-  for good, remove `tuner.chunkpilot.io/finalizer` by hand.
+* kopf's bookkeeping uses the prefix `tuner.chunkpilot.io`, apart from the operator's. The tuner puts no
+  finalizer on resources (kopf removes the `tuner.chunkpilot.io/finalizer` that kopf daemons of earlier versions
+  left), so deleting a resource never waits for the tuner.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from chunkpilot.tuner.metrics import TunerMetrics
 from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.state import TunerState, conditions, dump, status_slo, status_tuning
+from chunkpilot.tuner.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 ANNOTATION_PREFIX = f"tuner.{GROUP}"
@@ -184,16 +185,16 @@ def poster(raw: dict):
     return post
 
 
-def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped) -> None:
-    """The daemon body: rebuild the loop when the tuning spec changes, iterate until stopped."""
+def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped: threading.Event) -> None:
+    """One resource's tuning: rebuild the loop when the tuning spec changes, iterate until stopped or gone."""
     kube: Kube = memo.kube
     cluster: ClusterConfig = memo.cluster
     writer = StatusWriter(kube, namespace, name)
     loop: TunerLoop | None = None
     built_for: TuningConfig | None = None
     selector = cluster.selector_template.format(namespace=namespace, name=name)
-    sleep = lambda seconds: bool(stopped.wait(seconds))  # noqa: E731 - kopf's waiter is truthy once stopped
-    while not stopped:
+    sleep = stopped.wait  # True once stopped: the measurer gives up its window
+    while not stopped.is_set():
         raw = kube.read_inference_deployment(namespace, name)
         if raw is None:
             return
@@ -219,24 +220,27 @@ def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped) -> None:
 def build_registry() -> kopf.OperatorRegistry:
     registry = with_client_login(kopf.OperatorRegistry())
 
-    def tuning_on(spec, **_) -> bool:
-        return (spec.get("tuning") or {}).get("mode", "off") in ("auto", "advisory")
-
-    @kopf.daemon(GROUP, VERSION, PLURAL, when=tuning_on, cancellation_timeout=30, registry=registry)
-    def tune(stopped, namespace, name, memo: kopf.Memo, **_) -> None:
-        tune_one(namespace, name, memo, stopped)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def inference_deployment_changed(event: kopf.RawEvent, memo: kopf.Memo, **_) -> None:
+        if not memo.stopping.is_set():
+            memo.supervisor.observe(event["type"], event["object"])
 
     return registry
 
 
 def kopf_process(cluster: ClusterConfig) -> KopfProcess:
-    # every tuned deployment's daemon holds one executor thread for its whole life
     return KopfProcess(prefix=ANNOTATION_PREFIX, namespaces=cluster.namespaces, peering=cluster.peering,
-                       liveness=cluster.liveness, workers=512)
+                       liveness=cluster.liveness)
 
 
 def run(cluster: ClusterConfig, metrics: TunerMetrics, stop: threading.Event) -> None:
-    """kopf in its own thread (as the operator does) so the CLI's signal handler owns SIGTERM."""
+    """kopf in its own thread (as the operator does) so the CLI's signal handler owns SIGTERM; on stop, every
+    tuning thread ends its window and returns."""
     load_config()
     process = kopf_process(cluster)
-    process.run(build_registry(), process.settings(), kopf.Memo(kube=Kube(), cluster=cluster, metrics=metrics), stop)
+    memo = kopf.Memo(kube=Kube(), cluster=cluster, metrics=metrics, stopping=stop)
+    memo.supervisor = Supervisor(lambda namespace, name, stopped: tune_one(namespace, name, memo, stopped))
+    try:
+        process.run(build_registry(), process.settings(), memo, stop)
+    finally:
+        memo.supervisor.stop_all()

@@ -1,0 +1,83 @@
+"""One tuning thread per InferenceDeployment whose tuning mode is on, started and stopped from watch events.
+
+Not kopf daemons, on purpose: kopf puts a finalizer on every resource a daemon runs for, so deleting a tuned
+resource hung whenever the tuner was down, scaled to zero or uninstalled, and its GPU pods kept running.
+Correctness needs no finalizer: the tuner only writes the resource's status, and its loop reads the resource every
+window and ends when it is gone. A DELETED event, a deletion timestamp or tuning switched off stops the thread.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# (namespace, name, stop) -> returns when the resource is gone or `stop` is set
+TuneOne = Callable[[str, str, threading.Event], None]
+RETRY_SECONDS = 10.0  # after a tuning thread failed unexpectedly
+
+
+def tuning_on(obj: dict) -> bool:
+    return ((obj.get("spec") or {}).get("tuning") or {}).get("mode", "off") in ("auto", "advisory")
+
+
+@dataclass
+class _Worker:
+    thread: threading.Thread
+    stop: threading.Event
+
+
+class Supervisor:
+    def __init__(self, tune_one: TuneOne) -> None:
+        self.tune_one = tune_one
+        self._workers: dict[tuple[str, str], _Worker] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, event_type: str | None, obj: dict) -> None:
+        """Called for every watch event (and the initial listing, type None) of an InferenceDeployment."""
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace", "default"), meta.get("name"))
+        want = event_type != "DELETED" and not meta.get("deletionTimestamp") and tuning_on(obj)
+        with self._lock:
+            worker = self._workers.get(key)
+            if want and (worker is None or not worker.thread.is_alive()):
+                stop = threading.Event()
+                # kopf.event() (the tuner's Events) reads kopf's context variables: the thread takes the
+                # handler's context with it, as kopf does for its own sync handlers.
+                context = contextvars.copy_context()
+                thread = threading.Thread(target=context.run, args=(self._run, key, stop),
+                                          name=f"tune-{key[0]}/{key[1]}", daemon=True)
+                self._workers[key] = _Worker(thread, stop)
+                thread.start()
+            elif not want and worker is not None:
+                worker.stop.set()
+                del self._workers[key]
+
+    def running(self) -> set[tuple[str, str]]:
+        with self._lock:
+            return {k for k, w in self._workers.items() if w.thread.is_alive()}
+
+    def stop_all(self, timeout: float = 30.0) -> None:
+        with self._lock:
+            workers = list(self._workers.values())
+            self._workers.clear()
+        for w in workers:
+            w.stop.set()
+        for w in workers:
+            w.thread.join(timeout)
+
+    def _run(self, key: tuple[str, str], stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.tune_one(key[0], key[1], stop)
+                break  # the resource is gone, or we were asked to stop
+            except Exception:  # noqa: BLE001 - one resource's failure must not end the others' tuning
+                log.exception("tuning %s/%s failed; retrying in %.0f s", *key, RETRY_SECONDS)
+                stop.wait(RETRY_SECONDS)
+        with self._lock:  # a finished thread leaves, so a later event can start a fresh one
+            if self._workers.get(key) is not None and self._workers[key].stop is stop:
+                del self._workers[key]
