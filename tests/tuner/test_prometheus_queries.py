@@ -76,3 +76,21 @@ def test_prefill_capacity_is_what_a_busy_pod_gets_through_times_the_pods():
     for busy in (None, 0.0):  # engines without the counter, or no prompt computed in the window
         src = FakeSource({**values, m.PREFILL_BUSY_SECONDS: busy, f"count(rate({m.PREFILL_BUSY_SECONDS}": 2.0})
         assert PrometheusMeasurer(src, slo, sleep=lambda s: False).measure(30).prefill_capacity is None
+
+
+def test_non_finite_answers_of_the_real_prometheus_are_no_value(tmp_path):
+    """PromQL divides by zero to ±Inf (a ratio over an idle window). Before, +Inf went into the status patch,
+    which the API server refuses, and the tuner crash-looped."""
+    from chunkpilot.tuner.prometheus import PrometheusSource
+    from chunkpilot.tuner.prometheus_server import PrometheusServer
+
+    from ..conftest import require_tool
+
+    require_tool("prometheus", "sudo apt-get install prometheus (Debian/Ubuntu), or put it on PATH")
+    prom = PrometheusServer(tmp_path / "prom", []).start()
+    try:
+        source = PrometheusSource(prom.url, 'job="none"')
+        queries = ("vector(1)/0", "vector(-1)/0", "vector(0)/0", "1/0", "vector(2.5)", "2.5")
+        assert [source.scalar(q) for q in queries] == [None, None, None, None, 2.5, 2.5]
+    finally:
+        prom.stop()

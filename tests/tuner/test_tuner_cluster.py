@@ -35,6 +35,7 @@ def test_tuning_config_follows_the_spec_and_fingerprints_the_targets():
     c = tuning_config("ns", "x", spec, CLUSTER)
     assert c.settings.mode == "auto" and c.slo.itl is not None and c.deployment.startswith("ns/x@")
     assert c.budget_bounds[0] >= spec["engine"]["maxNumSeqs"]
+    assert c.settings.apply_timeout >= 120  # the kubelet syncs ConfigMap volumes about once a minute
     spec["slo"]["itl"]["thresholdSeconds"] = 0.5
     assert tuning_config("ns", "x", spec, CLUSTER).deployment != c.deployment  # new targets: new study
     spec["slo"] = {}

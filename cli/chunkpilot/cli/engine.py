@@ -75,6 +75,7 @@ def serve(
     token_budget: int = typer.Option(512, envvar=_env("TOKEN_BUDGET"), help="Initial tokens per step (the knobs file overrides it)."),
     max_chunk: int = typer.Option(512, envvar=_env("MAX_CHUNK"), help="Initial largest prefill chunk (the knobs file overrides it)."),
     max_num_seqs: int = typer.Option(32, envvar=_env("MAX_NUM_SEQS"), help="Cap on running sequences; token budgets below it are refused."),
+    max_token_budget: Optional[int] = typer.Option(None, envvar=_env("MAX_TOKEN_BUDGET"), help="Largest token budget a knobs file may set (default: what the GPU's memory leaves room for, at most max-num-seqs x max-model-len); larger ones are refused and the last good knobs stay."),
     max_waiting: int = typer.Option(256, envvar=_env("MAX_WAITING"), help="Requests allowed to wait; beyond it HTTP 429 with Retry-After."),
     max_model_len: Optional[int] = typer.Option(None, envvar=_env("MAX_MODEL_LEN"), help="Prompt + output limit (default: the model's, capped at 8192)."),
     block_size: int = typer.Option(16, envvar=_env("BLOCK_SIZE"), help="Tokens per KV-cache block."),
@@ -104,7 +105,7 @@ def serve(
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
             kv_cache_memory_gb=kv_cache_memory_gb, gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, seed=seed, threads=threads,
-            attention_backend=attention_backend,
+            attention_backend=attention_backend, max_token_budget=max_token_budget,
         )
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)

@@ -41,6 +41,10 @@ def run(
     warmup: float = typer.Option(10.0, help="--local: seconds skipped after each change."),
     max_trials: int = typer.Option(30, help="--local: trials before exploiting the best."),
     min_requests: int = typer.Option(20, help="A window with fewer finished requests is not a trial result."),
+    apply_timeout: Optional[float] = typer.Option(
+        None, min=1, help="Seconds every pod may take to apply new knobs before the trial is given up. Default: 180 "
+                          "in a cluster (knobs reach pods through a ConfigMap volume, which the kubelet syncs about "
+                          "once a minute), 60 with --local."),
     status_file: Optional[Path] = typer.Option(None, help="--local: write the tuner's status JSON here."),
     seed: Optional[int] = typer.Option(None, help="Sampler seed (reproducible runs)."),
     # cluster mode
@@ -78,7 +82,8 @@ def run(
 
         run_cluster(ClusterConfig(prometheus_url=prometheus_url, storage=storage, namespaces=tuple(namespace),
                                   selector_template=selector_template, peering=peering, liveness=liveness or None,
-                                  min_requests=min_requests, seed=seed), metrics, stop)
+                                  min_requests=min_requests, seed=seed,
+                                  **({"apply_timeout": apply_timeout} if apply_timeout else {})), metrics, stop)
         return
 
     from chunkpilot.tuner.config import TuningConfig, parse_bounds, parse_slo
@@ -99,7 +104,8 @@ def run(
             deployment=name, slo=slo, budget_bounds=parse_bounds(budget_bounds, "budget-bounds"),
             chunk_bounds=parse_bounds(chunk_bounds, "chunk-bounds"), storage=storage, seed=seed,
             settings=TunerSettings(mode=mode, objective=objective, window=window, warmup=warmup,
-                                   max_trials=max_trials, min_requests=min_requests, guidance=guidance))
+                                   max_trials=max_trials, min_requests=min_requests, guidance=guidance,
+                                   apply_timeout=apply_timeout or 60.0))
         loop = build_local(config, knobs_file=knobs_file, prometheus_url=prometheus_url, selector=selector,
                            start=Knobs(b, min(b, c)), status_file=status_file, metrics=metrics, stop=stop)
     except ValueError as e:

@@ -24,6 +24,9 @@ class EngineConfig:
     seed: int = 0
     threads: int | None = None  # torch intra-op threads on CPU
     attention_backend: str = "auto"  # auto | sdpa | varlen (see attention.py)
+    # Largest token budget the knobs file may set. None: what the device's memory allows (activation_memory.py),
+    # at most max_num_seqs x max_model_len.
+    max_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -34,6 +37,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.max_token_budget is not None and (not isinstance(self.max_token_budget, int)
+                                                  or self.max_token_budget < self.token_budget):
+            raise ValueError(f"max_token_budget ({self.max_token_budget}) must be an integer >= token_budget "
+                             f"({self.token_budget})")
         if self.max_chunk > self.token_budget:
             raise ValueError(f"max_chunk ({self.max_chunk}) must be <= token_budget ({self.token_budget})")
         if self.token_budget < self.max_num_seqs:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from chunkpilot.engine.activation_memory import activation_bytes_per_token, cuda_headroom, max_token_budget
 from chunkpilot.engine.attention import choose_backend
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.config import EngineConfig
@@ -80,11 +81,10 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.kv_cache.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        # No step can use more than every running sequence's whole context; a larger budget (a typo in a knobs
-        # file) could only run the device out of memory.
+        self.max_token_budget = self._max_token_budget()
         self.knobs = KnobHolder(
             SchedulerKnobs(config.token_budget, config.max_chunk, 0), min_token_budget=config.max_num_seqs,
-            max_token_budget=max(config.token_budget, config.max_num_seqs * self.max_model_len),
+            max_token_budget=self.max_token_budget,
         )
         eos = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
@@ -111,6 +111,28 @@ class LLMEngine:
             model.lm_head.weight = model.embed_tokens.weight
         load_weights(model, self.config.model)
         return model.eval()
+
+    def _max_token_budget(self) -> int:
+        """No step can use more than every running sequence's whole context, nor more activations than the GPU
+        has left after weights and KV cache; a larger budget (a typo in a knobs file, a tuner bound) could only
+        run the device out of memory and kill the step loop."""
+        cfg = self.config
+        bound = cfg.max_num_seqs * self.max_model_len
+        if self.device.type == "cuda":
+            total = torch.cuda.mem_get_info(self.device)[1]
+            fits = max_token_budget(self.model_config, self.dtype, cuda_headroom(total, cfg.gpu_memory_utilization))
+            if cfg.token_budget > fits:
+                need = activation_bytes_per_token(self.model_config, self.dtype) * cfg.token_budget / 2**30
+                raise ValueError(f"--token-budget {cfg.token_budget} needs about {need:.1f} GiB of activations, but "
+                                 f"this GPU has room for {fits} tokens after weights and KV cache: lower "
+                                 "--token-budget or --gpu-memory-utilization")
+            if cfg.max_token_budget is not None and cfg.max_token_budget > fits:
+                log.warning("--max-token-budget %d does not fit this GPU's memory; budgets up to %d are accepted",
+                            cfg.max_token_budget, fits)
+            bound = min(bound, fits)
+        if cfg.max_token_budget is not None:
+            bound = min(bound, cfg.max_token_budget)
+        return max(bound, cfg.token_budget)
 
     def _num_blocks(self) -> int:
         cfg, bs = self.config, self.config.block_size

@@ -100,8 +100,9 @@ class Range(_Model):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
         ("self.min <= self.max", "min must be <= max")))
 
-    min: int = Field(..., ge=1, description="Lowest value the tuner may choose.")
-    max: int = Field(..., ge=1, description="Highest value the tuner may choose.")
+    min: int = Field(..., ge=1, le=1_048_576, description="Lowest value the tuner may choose.")
+    max: int = Field(..., ge=1, le=1_048_576, description="Highest value the tuner may choose; the engine also "
+                                                          "refuses budgets its GPU memory cannot hold.")
 
 
 class TuningBounds(_Model):

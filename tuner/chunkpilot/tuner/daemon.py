@@ -53,6 +53,9 @@ class ClusterConfig:
     liveness: str | None = "http://0.0.0.0:8081/healthz"
     min_requests: int = 20
     seed: int | None = None
+    # Knobs travel status -> operator -> ConfigMap -> the kubelet's volume sync (up to its sync period plus the
+    # ConfigMap cache TTL, about a minute each by default) -> the engine: 60 s timed out trials for nothing.
+    apply_timeout: float = 180.0
 
 
 def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig) -> TuningConfig:
@@ -73,7 +76,8 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
         chunk_bounds=(b.max_chunk.min, b.max_chunk.max), storage=cluster.storage, seed=cluster.seed,
         settings=TunerSettings(mode=s.tuning.mode, objective=s.tuning.objective, window=s.tuning.window_seconds,
                                warmup=s.tuning.warmup_seconds, max_trials=s.tuning.max_trials,
-                               min_requests=cluster.min_requests, guidance=s.tuning.guidance))
+                               min_requests=cluster.min_requests, guidance=s.tuning.guidance,
+                               apply_timeout=cluster.apply_timeout))
 
 
 class StatusWriter:

@@ -79,11 +79,14 @@ class PrometheusSource:
             raise MeasurementUnavailable(f"Prometheus at {self.url} did not answer: {type(e).__name__}: {e}") from e
 
     def scalar(self, promql: str) -> float | None:
+        """The first sample's value; None when there is none or it is not finite. PromQL divides by zero to ±Inf
+        (a ratio over an idle window) and no status field, JSON number or Optuna value can carry that."""
         result = self.query(promql)
         if not result:
             return None
-        v = float(result[0]["value"][1])
-        return None if math.isnan(v) else v
+        # an instant vector: [{"metric": ..., "value": [t, "v"]}]; a scalar expression: [t, "v"]
+        v = float(result[0]["value"][1] if isinstance(result[0], dict) else result[1])
+        return v if math.isfinite(v) else None
 
     def check(self) -> None:
         series = self.query(f"{m.SCHEDULER_GENERATION}{{{self.selector}}}")

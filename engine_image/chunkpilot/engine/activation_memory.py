@@ -1,0 +1,35 @@
+"""How large a token budget the device's memory allows: every token of a step needs activations, and a budget
+beyond what the memory left after weights and KV cache can hold runs the GPU out of memory in the step loop, which
+kills the engine. Budgets above the bound are refused at start-up and in the knobs file (the last good knobs
+stay)."""
+
+from __future__ import annotations
+
+import torch
+
+from chunkpilot.engine.model_config import ModelConfig
+
+# CUDA context, cuBLAS workspaces and the allocator's slack, kept out of what activations may use.
+CUDA_RESERVE_BYTES = 1536 * 2**20
+
+
+def activation_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Peak bytes one scheduled token costs in a forward pass. Layers run one after another without autograd, so
+    one layer's tensors are live at a time: the residual stream, its norm and the attention output (3 x hidden),
+    q, k and v, and the MLP's gate, up and their product (3 x intermediate, the widest). Doubled for the
+    temporaries and fragmentation between them. Logits are computed only where a sequence samples, so they grow
+    with max_num_seqs, not with the budget."""
+    q = cfg.num_attention_heads * cfg.head_dim
+    kv = 2 * cfg.num_key_value_heads * cfg.head_dim
+    return 2 * dtype.itemsize * (3 * cfg.hidden_size + q + kv + 3 * cfg.intermediate_size)
+
+
+def max_token_budget(cfg: ModelConfig, dtype: torch.dtype, headroom_bytes: int) -> int:
+    """The largest budget whose activations fit in `headroom_bytes`."""
+    return max(0, headroom_bytes) // activation_bytes_per_token(cfg, dtype)
+
+
+def cuda_headroom(total_bytes: int, gpu_memory_utilization: float) -> int:
+    """Weights and KV cache get `gpu_memory_utilization` of the card (llm_engine._num_blocks); activations get
+    the rest, less the reserve."""
+    return int(total_bytes * (1.0 - gpu_memory_utilization)) - CUDA_RESERVE_BYTES
