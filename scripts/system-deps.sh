@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Debian packages the tests use: prometheus (the server and promtool) and etcd-server (the store of the real
-# kube-apiserver the operator and tuner tests run against). Installed with apt when running as root;
+# Debian packages the tests use: prometheus (the server and promtool), etcd-server (the store of the real
+# kube-apiserver the operator and tuner tests run against) and postgresql (the tuner's external study storage). Installed with apt when running as root;
 # otherwise says what to run (tests then skip locally, and fail under CI=true, where tools must be present).
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the test API server's service-account key
+# Debian keeps PostgreSQL's server binaries off PATH, in /usr/lib/postgresql/<version>/bin
+command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing Debian packages: ${missing[*]}" >&2

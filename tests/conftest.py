@@ -37,6 +37,19 @@ def smollm2_dir():
 
 
 @pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server on loopback (tests/postgres.py), for the tuner's external study storage."""
+    from .postgres import HOW, Postgres, find
+
+    for tool in ("initdb", "postgres"):
+        if find(tool) is None:
+            require_tool(tool, HOW)  # fails under CI=true, skips locally
+    server = Postgres().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def control_plane(tmp_path_factory):
     """A real etcd + kube-apiserver + kube-controller-manager for the whole session (see tests/control_plane.py),
     with the InferenceDeployment CRD installed."""

@@ -290,8 +290,17 @@ def test_advisory_mode_changes_nothing_and_recommends():
     assert loop.state.recommendation == Knobs(128, 64)
 
 
-def test_restart_resumes_the_study_and_closes_the_interrupted_trial(tmp_path):
-    url = f"sqlite:///{tmp_path / 'study.db'}"
+@pytest.fixture(params=["sqlite", "postgresql"])
+def study_url(request, tmp_path):
+    """The study's storage: a SQLite file (the chart's default, on a PVC) or a real PostgreSQL server (the
+    chart's tuner.study.existingSecret), through the driver the tuner extra ships."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'study.db'}"
+    return request.getfixturevalue("postgres").database()
+
+
+def test_restart_resumes_the_study_and_closes_the_interrupted_trial(study_url):
+    url = study_url
     fake = Fake()
     loop, study = make(fake, storage=url)
     for _ in range(4):
@@ -305,8 +314,8 @@ def test_restart_resumes_the_study_and_closes_the_interrupted_trial(tmp_path):
     assert len(study2.completed()) == done + 1 and study2.study.trials[-2].state.name == "FAIL"
 
 
-def test_trial_count_spans_epochs_and_survives_a_restart(tmp_path):
-    url = f"sqlite:///{tmp_path / 'study.db'}"
+def test_trial_count_spans_epochs_and_survives_a_restart(study_url):
+    url = study_url
     fake = Fake()
     loop, study = make(fake, storage=url, max_trials=4)
     while loop.state.phase != "Exploiting":

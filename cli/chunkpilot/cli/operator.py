@@ -18,8 +18,12 @@ def run(
                                              "Default: all namespaces."),
     engine_image: str = typer.Option("ghcr.io/chunkpilot/engine:0.1.0", envvar="CHUNKPILOT_ENGINE_IMAGE",
                                      help="Engine image for InferenceDeployments that do not set spec.engine.image."),
-    hf_download_image: str = typer.Option("python:3.12-slim", envvar="CHUNKPILOT_HF_DOWNLOAD_IMAGE",
-                                          help="Image of the init container that downloads hf:// models."),
+    hf_download_image: str = typer.Option("", envvar="CHUNKPILOT_HF_DOWNLOAD_IMAGE",
+                                          help="Image of the init container that downloads hf:// models; it runs "
+                                               "`chunkpilot model download`. Default: the pod's engine image."),
+    hf_endpoint: str = typer.Option("", envvar="CHUNKPILOT_HF_ENDPOINT",
+                                    help="Hugging Face Hub endpoint (HF_ENDPOINT) for hf:// downloads, e.g. a mirror "
+                                         "inside the cluster. Default: huggingface.co."),
     startup_timeout: int = typer.Option(900, envvar="CHUNKPILOT_STARTUP_TIMEOUT_SECONDS",
                                         help="Seconds an engine pod may take to load its model before it is restarted."),
     engine_api_key_secret: Optional[str] = typer.Option(
@@ -94,7 +98,8 @@ def run(
         raise typer.Exit(2)
     config = OperatorConfig(
         namespaces=names,
-        engine=OperatorSettings(engine_image=engine_image, hf_download_image=hf_download_image,
+        engine=OperatorSettings(engine_image=engine_image, hf_download_image=hf_download_image or None,
+                                hf_endpoint=hf_endpoint or None,
                                 startup_timeout_seconds=startup_timeout,
                                 engine_api_key_secret=engine_api_key_secret or None, policy=policy,
                                 default_cpu_request=default_cpu_request, default_memory_request=default_memory_request,

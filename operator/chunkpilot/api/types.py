@@ -38,6 +38,17 @@ class ModelSpec(_Model):
         "auto", description="Weights and KV-cache dtype; auto = the checkpoint's dtype on GPUs.")
     max_model_len: int | None = Field(None, alias="maxModelLen", ge=16, le=1_048_576,
                                       description="Prompt plus output limit in tokens; default: the model's own.")
+    cache_claim: str | None = Field(
+        None, alias="cacheClaim", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="hf:// only: a PersistentVolumeClaim (ReadWriteMany for more than one replica) to download "
+                    "into and keep across restarts; default: an emptyDir of downloadSizeLimit, fetched again on "
+                    "every pod start.")
+    download_size_limit: str = Field(
+        "200Gi", alias="downloadSizeLimit", pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?)?$",
+        description="hf:// only: the size limit of the emptyDir the model is downloaded into (without cacheClaim).")
+    hf_token_secret: str | None = Field(
+        None, alias="hfTokenSecret", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[-._a-zA-Z0-9]+)?$",
+        description="hf:// only: SECRET or SECRET:KEY (default key: token) holding a Hub token, for gated models.")
 
 
 class ResourcesSpec(_Model):

@@ -41,7 +41,8 @@ OPERATOR_ENGINE_SETTINGS = (
 @dataclass(frozen=True)
 class OperatorSettings:
     engine_image: str = "ghcr.io/chunkpilot/engine:0.1.0"
-    hf_download_image: str = "python:3.12-slim"
+    hf_download_image: str | None = None  # None: the pod's engine image, which has `chunkpilot model download`
+    hf_endpoint: str | None = None  # HF_ENDPOINT for hf:// downloads (a mirror); None: huggingface.co
     startup_timeout_seconds: int = 900
     # "secret:key" in each InferenceDeployment's namespace: the engine then requires this API key on /v1/*.
     engine_api_key_secret: str | None = None
@@ -136,7 +137,8 @@ def validate(obj: InferenceDeployment, settings: OperatorSettings = OperatorSett
     model_source(obj)
 
 
-def model_source(obj: InferenceDeployment) -> tuple[str, list[dict], list[dict], list[dict]]:
+def model_source(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings(),
+                 ) -> tuple[str, list[dict], list[dict], list[dict]]:
     """(model path inside the pod, volumes, volume mounts, init containers) for spec.model.source."""
     src = obj.spec.model.source
     if src.startswith("pvc://"):
@@ -150,20 +152,39 @@ def model_source(obj: InferenceDeployment) -> tuple[str, list[dict], list[dict],
     if src.startswith("image://"):
         return src.removeprefix("image://"), [], [], []
     if src.startswith("hf://"):
-        repo, _, rev = src.removeprefix("hf://").partition("@")
-        init = {
-            "name": "download-model", "image": OperatorSettings.hf_download_image,
-            "command": ["sh", "-c", 'pip install --no-cache-dir --target /tmp/hf "huggingface_hub>=0.24" && '
-                        'PYTHONPATH=/tmp/hf python -m huggingface_hub.commands.huggingface_cli download "$REPO" '
-                        '--revision "$REVISION" --local-dir /models/model'],
-            "env": [{"name": "REPO", "value": repo}, {"name": "REVISION", "value": rev or "main"},
-                    {"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/tmp/hf-home"}],
-            "volumeMounts": [{"name": "model", "mountPath": MODELS_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
-            "securityContext": _container_security(),
-        }
-        return f"{MODELS_DIR}/model", [{"name": "model", "emptyDir": {}}], [
-            {"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], [init]
+        return _hub_download(obj, settings)
     raise SpecError(f"spec.model.source {src!r} has an unknown scheme; use pvc://, hostpath://, image:// or hf://")
+
+
+def _hub_download(obj: InferenceDeployment, settings: OperatorSettings) -> tuple[str, list[dict], list[dict], list[dict]]:
+    """hf://REPO@REV: an init container of the engine image runs `chunkpilot model download` (huggingface_hub,
+    pinned with the engine; nothing is installed at run time) into a size-limited emptyDir, or into a PVC that
+    keeps the files across restarts (a complete file is not fetched again)."""
+    model = obj.spec.model
+    repo, _, rev = model.source.removeprefix("hf://").partition("@")
+    rev = rev or "main"
+    if model.cache_claim:
+        dest = f"{MODELS_DIR}/hf/{repo}/{rev}"
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": model.cache_claim}}
+    else:
+        dest = f"{MODELS_DIR}/model"
+        volume = {"name": "model", "emptyDir": {"sizeLimit": model.download_size_limit}}
+    env = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/tmp/hf-home"},
+           {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
+    if settings.hf_endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": settings.hf_endpoint})
+    if model.hf_token_secret:
+        secret, _, key = model.hf_token_secret.partition(":")
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": key or "token"}}})
+    init = {
+        "name": "download-model", "image": settings.hf_download_image or obj.spec.engine.image or settings.engine_image,
+        # an argv, no shell; "--" so that a repository name cannot pass for an option
+        "command": ["chunkpilot", "model", "download", f"--revision={rev}", f"--dest={dest}", "--", repo],
+        "env": env,
+        "volumeMounts": [{"name": "model", "mountPath": MODELS_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": _container_security(),
+    }
+    return dest, [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], [init]
 
 
 def _container_security() -> dict:
@@ -211,7 +232,7 @@ def engine_env(obj: InferenceDeployment, model_path: str,
 
 def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> dict:
     name, spec = obj.metadata["name"], obj.spec
-    model_path, volumes, mounts, inits = model_source(obj)
+    model_path, volumes, mounts, inits = model_source(obj, settings)
     res = spec.engine.resources
     limits: dict[str, str] = {}
     if res.gpus:
@@ -241,8 +262,6 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
                                   {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": _container_security(),
     }
-    for c in inits:
-        c["image"] = settings.hf_download_image
     template_annotations = dict(spec.engine.pod_annotations)
     template_annotations[CONFIG_HASH] = config_hash(obj, settings)
     pod_spec = {

@@ -145,11 +145,15 @@ class Reconciler:
         builders.validate(obj, self.settings)
         src = obj.spec.model.source
         ns = obj.metadata.get("namespace", "default")
+        claims = []
         if src.startswith("pvc://"):
-            claim = src.removeprefix("pvc://").partition("/")[0]
+            claims.append(("spec.model.source", src.removeprefix("pvc://").partition("/")[0], "with the model files"))
+        if src.startswith("hf://") and obj.spec.model.cache_claim:
+            claims.append(("spec.model.cacheClaim", obj.spec.model.cache_claim, "writable, for the download"))
+        for field_, claim, what in claims:
             if self.kube.read("v1", "PersistentVolumeClaim", ns, claim) is None:
-                raise _MissingVolume(f"spec.model.source names PersistentVolumeClaim {claim!r}, which does not exist "
-                                     f"in namespace {ns!r}: create it (with the model files) or fix the source")
+                raise _MissingVolume(f"{field_} names PersistentVolumeClaim {claim!r}, which does not exist in "
+                                     f"namespace {ns!r}: create it ({what}) or fix the field")
         return builders.desired_objects(obj, self.settings, service_monitor_crd=self._monitor_crd(obj, raw))
 
     def _monitor_crd(self, obj: InferenceDeployment, raw: dict) -> bool:

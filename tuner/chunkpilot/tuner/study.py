@@ -66,6 +66,10 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
     parallel daemons, and two RDBStorage objects creating the tables of a fresh SQLite file at once collide."""
     if url == ":memory:":
         return optuna.storages.InMemoryStorage()
+    # The driver the tuner ships is psycopg 3; SQLAlchemy's default for a bare postgresql:// is psycopg2 before
+    # 2.1 and psycopg 3 from 2.1, so say which one.
+    if url.startswith(("postgresql://", "postgres://")):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
     with _STORAGES_LOCK:
         if url not in _STORAGES:
             _STORAGES[url] = optuna.storages.RDBStorage(url)
