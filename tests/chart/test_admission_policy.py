@@ -1,0 +1,75 @@
+"""The chart's ValidatingAdmissionPolicy on the real API server (tests/control_plane.py): the operator's policy
+enforced at admission, so `kubectl apply` of a spec the operator would refuse fails at once with the rule's
+message. The binding is narrowed to this test's namespace: other tests share the API server."""
+
+from __future__ import annotations
+
+import subprocess
+
+import kubernetes
+import pytest
+import yaml
+
+from ..engine.server_proc import wait_for
+from ..operator.operator_proc import Cluster, sample
+from .test_chart import CHART, helm
+
+NS = "vap"
+
+
+@pytest.fixture
+def policy(control_plane):
+    text = subprocess.run(
+        [helm(), "template", "cp", str(CHART), "--kube-version", "1.34.4", "--show-only",
+         "templates/admission-policy.yaml", "--set", "operator.policy.allowedHostPaths={/mnt/models}",
+         "--set", "operator.policy.allowedPriorityClasses={batch}"],
+        capture_output=True, text=True, check=True).stdout
+    vap, binding = [d for d in yaml.safe_load_all(text) if d]
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NS}}}
+    adm = kubernetes.client.AdmissionregistrationV1Api(control_plane.api())
+    adm.create_validating_admission_policy(vap)
+    adm.create_validating_admission_policy_binding(binding)
+    k = Cluster(control_plane.api())
+    k.namespace(NS)
+    try:
+        yield k, adm, vap["metadata"]["name"]
+    finally:
+        adm.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        adm.delete_validating_admission_policy(vap["metadata"]["name"])
+        assert k.delete_namespace(NS)
+
+
+def refusal(k: Cluster, body: dict) -> str | None:
+    """None when admitted (the object is deleted again), else the API server's message."""
+    try:
+        k.create(body)
+    except kubernetes.client.ApiException as e:
+        return __import__("json").loads(e.body)["message"]
+    k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments",
+                                             body["metadata"]["name"])
+    return None
+
+
+def test_admission_refuses_what_the_operator_policy_refuses(policy):
+    k, adm, name = policy
+    # the policy is compiled and its binding picked up asynchronously: wait until it bites
+    assert wait_for(lambda: refusal(k, sample("probe", NS, model__source="hostpath:///etc")) is not None, 30)
+    checking = adm.read_validating_admission_policy(name).status.type_checking
+    assert not (checking and checking.expression_warnings), checking  # every CEL rule type-checks on the schema
+    refused = {
+        "hostpath:///etc": ({"model__source": "hostpath:///etc"}, "host path /etc is not allowed"),
+        "dotdot": ({"model__source": "hostpath:///mnt/models/../../etc"}, "host path"),
+        "sibling": ({"model__source": "hostpath:///mnt/models-evil"}, "host path"),
+        "image": ({"engine__image": "evil.example/miner:1"}, "spec.engine.image evil.example/miner:1"),
+        "priority": ({"engine__priorityClassName": "system-node-critical"}, "priorityClassName"),
+        "toleration": ({"engine__tolerations": [{"operator": "Exists"}]}, "spec.engine.tolerations"),
+        "env": ({"engine__env": [{"name": "CHUNKPILOT_API_KEY", "value": ""}]}, "CHUNKPILOT_"),
+    }
+    for i, (case, (override, words)) in enumerate(refused.items()):
+        message = refusal(k, sample(f"bad-{i}", NS, **override))
+        assert message is not None and words in message, (case, message)
+    admitted = [{}, {"model__source": "hostpath:///mnt/models/smollm2"}, {"engine__priorityClassName": "batch"},
+                {"engine__image": "ghcr.io/chunkpilot/engine:0.2.0"},
+                {"engine__tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}]
+    for i, override in enumerate(admitted):
+        assert refusal(k, sample(f"good-{i}", NS, **override)) is None, override
