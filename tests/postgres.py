@@ -41,7 +41,6 @@ class Postgres:
             shutil.chown(self.dir, "postgres", "postgres")
         subprocess.run(self._as_owner([self.initdb, "-D", str(data), "-A", "trust", "-U", "chunkpilot",
                                        "--no-sync", "-E", "UTF8"]), check=True, capture_output=True, timeout=120)
-        self.log = open(self.dir / "server.log", "w") if os.geteuid() != 0 else None
         self.proc = subprocess.Popen(
             self._as_owner([self.postgres, "-D", str(data), "-p", str(self.port), "-h", "127.0.0.1",
                             "-k", str(self.dir), "-c", "fsync=off", "-c", "full_page_writes=off"]),

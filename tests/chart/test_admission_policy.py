@@ -54,8 +54,12 @@ def test_admission_refuses_what_the_operator_policy_refuses(policy):
     k, adm, name = policy
     # the policy is compiled and its binding picked up asynchronously: wait until it bites
     assert wait_for(lambda: refusal(k, sample("probe", NS, model__source="hostpath:///etc")) is not None, 30)
-    checking = adm.read_validating_admission_policy(name).status.type_checking
-    assert not (checking and checking.expression_warnings), checking  # every CEL rule type-checks on the schema
+    def checked():
+        status = adm.read_validating_admission_policy(name).status
+        return status is not None and status.type_checking is not None and status.observed_generation
+    assert wait_for(checked, 30)  # the API server type-checks the rules against the CRD's schema in the background
+    warnings = adm.read_validating_admission_policy(name).status.type_checking.expression_warnings
+    assert not warnings, warnings
     refused = {
         "hostpath:///etc": ({"model__source": "hostpath:///etc"}, "host path /etc is not allowed"),
         "dotdot": ({"model__source": "hostpath:///mnt/models/../../etc"}, "host path"),
@@ -64,6 +68,9 @@ def test_admission_refuses_what_the_operator_policy_refuses(policy):
         "priority": ({"engine__priorityClassName": "system-node-critical"}, "priorityClassName"),
         "toleration": ({"engine__tolerations": [{"operator": "Exists"}]}, "spec.engine.tolerations"),
         "env": ({"engine__env": [{"name": "CHUNKPILOT_API_KEY", "value": ""}]}, "CHUNKPILOT_"),
+        "preload": ({"engine__env": [{"name": "LD_PRELOAD", "value": "/models/x.so"}]}, "load code"),
+        "expand": ({"engine__extraArgs": ["--max-waiting=$(CHUNKPILOT_API_KEY)"]}, "$(VAR)"),
+        "look-alike": ({"engine__image": "ghcr.io/chunkpilot/engine-evil:1"}, "spec.engine.image"),
     }
     for i, (case, (override, words)) in enumerate(refused.items()):
         message = refusal(k, sample(f"bad-{i}", NS, **override))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from pathlib import Path
 
 import uvicorn
@@ -77,8 +78,11 @@ class FakeHub:
 
     def __enter__(self) -> "FakeHub":
         self._thread.start()
+        deadline = time.monotonic() + 30
         while not self._server.started:
-            threading.Event().wait(0.05)
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the stand-in hub did not start on port {self.port}")
+            time.sleep(0.05)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -229,6 +229,8 @@ def test_watch_timeout_is_whole_seconds():
     (lambda e, m: setattr(e, "image", "evil.example/miner:1"), Policy(allowed_image_prefixes=("registry.corp/",)),
      "spec.engine.image"),
     (lambda e, m: setattr(e, "image", "ghcr.io/chunkpilot/engine-evil:1"), Policy(), "spec.engine.image"),
+    (lambda e, m: setattr(e, "image", "registry.corp/ml-untrusted/miner:1"),
+     Policy(allowed_image_prefixes=("registry.corp/ml",)), "spec.engine.image"),
     (lambda e, m: setattr(e, "priority_class_name", "system-node-critical"), Policy(allowed_priority_classes=("batch",)),
      "priorityClassName"),
     (lambda e, m: setattr(e, "tolerations", [{"operator": "Exists"}]), Policy(), "tolerates every taint"),
@@ -264,6 +266,10 @@ def test_the_admin_policy_allows_what_it_lists():
     (lambda e: setattr(e, "extra_args", ["--max-waiting", "64", "--api-key="]), "spec.engine.extraArgs[2]"),
     (lambda e: setattr(e, "extra_args", ["--port", "9000"]), "spec.engine.extraArgs[0]"),
     (lambda e: setattr(e, "extra_args", ["--no-enable-prefix-caching"]), "spec.engine.extraArgs[0]"),
+    (lambda e: setattr(e, "extra_args", ["--max-waiting=$(CHUNKPILOT_API_KEY)"]), "spec.engine.extraArgs[0]"),
+    (lambda e: setattr(e, "env", [EnvVar(name="LD_PRELOAD", value="/models/x.so")]), "spec.engine.env[0]"),
+    (lambda e: setattr(e, "env", [EnvVar(name="PYTHONPATH", value="/models")]), "spec.engine.env[0]"),
+    (lambda e: setattr(e, "env", [EnvVar(name="X", value="$(CHUNKPILOT_API_KEY)")]), "spec.engine.env[0]"),
 ])
 def test_env_and_args_cannot_override_what_the_operator_sets(mutate, field):
     obj = load(SMOL)

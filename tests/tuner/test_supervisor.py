@@ -11,8 +11,8 @@ from chunkpilot.tuner.supervisor import Supervisor
 from ..engine.server_proc import wait_for
 
 
-def obj(name: str, mode: str = "auto", deleting: bool = False) -> dict:
-    meta = {"namespace": "ns", "name": name}
+def obj(name: str, mode: str = "auto", deleting: bool = False, uid: str | None = None) -> dict:
+    meta = {"namespace": "ns", "name": name, "uid": uid or f"uid-{name}"}
     if deleting:
         meta["deletionTimestamp"] = "2026-12-01T00:00:00Z"
     return {"metadata": meta, "spec": {"tuning": {"mode": mode}}}
@@ -21,30 +21,46 @@ def obj(name: str, mode: str = "auto", deleting: bool = False) -> dict:
 def test_threads_follow_the_resources(monkeypatch):
     monkeypatch.setattr(sup, "RETRY_SECONDS", 0.05)
     calls: dict[str, int] = {}
+    live: dict[str, int] = {}  # threads inside tune_one now, by name: proves that stopped threads really ended
+    uids: list[str] = []
     lock = threading.Lock()
 
-    def tune_one(namespace, name, stop: threading.Event) -> None:
+    def tune_one(namespace, name, uid, stop: threading.Event) -> None:
         with lock:
             calls[name] = calls.get(name, 0) + 1
-        if name == "flaky" and calls[name] == 1:
-            raise RuntimeError("first try fails")
-        stop.wait()
+            live[name] = live.get(name, 0) + 1
+            uids.append(uid)
+        try:
+            if name == "flaky" and calls[name] == 1:
+                raise RuntimeError("first try fails")
+            stop.wait()
+        finally:
+            with lock:
+                live[name] -= 1
+
+    def inside() -> set[str]:
+        with lock:
+            return {n for n, k in live.items() if k}
 
     s = Supervisor(tune_one)
     s.observe(None, obj("a"))
     s.observe(None, obj("off", mode="off"))
     s.observe("MODIFIED", obj("a"))  # no second thread for the same resource
     s.observe("ADDED", obj("flaky"))
-    assert wait_for(lambda: s.running() == {("ns", "a"), ("ns", "flaky")} and calls.get("flaky") == 2, 5)
+    assert wait_for(lambda: inside() == {"a", "flaky"} and calls.get("flaky") == 2, 5)
     assert calls["a"] == 1 and "off" not in calls
     s.observe("MODIFIED", obj("a", mode="off"))
-    assert wait_for(lambda: s.running() == {("ns", "flaky")}, 5)
+    assert wait_for(lambda: inside() == {"flaky"} and s.running() == {("ns", "flaky")}, 5)
     s.observe("MODIFIED", obj("flaky", deleting=True))
-    assert wait_for(lambda: not s.running(), 5)
+    assert wait_for(lambda: not inside() and not s.running(), 5)
     s.observe("MODIFIED", obj("a", mode="advisory"))
-    assert wait_for(lambda: s.running() == {("ns", "a")} and calls["a"] == 2, 5)
-    s.observe("DELETED", obj("a"))
-    assert wait_for(lambda: not s.running(), 5)
+    assert wait_for(lambda: inside() == {"a"} and calls["a"] == 2, 5)
+    # deleted and made again under the same name, the DELETED event missed: a fresh thread for the new uid
+    s.observe("ADDED", obj("a", uid="uid-a-2"))
+    assert wait_for(lambda: calls["a"] == 3 and uids[-1] == "uid-a-2" and live["a"] == 1, 5)
+    s.observe("DELETED", obj("a", uid="uid-a-2"))
+    assert wait_for(lambda: not inside() and not s.running(), 5)
     s.observe(None, obj("b"))
+    assert wait_for(lambda: inside() == {"b"}, 5)
     s.stop_all(5)
-    assert not s.running()
+    assert not s.running() and not inside()

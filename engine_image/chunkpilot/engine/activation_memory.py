@@ -9,8 +9,9 @@ import torch
 
 from chunkpilot.engine.model_config import ModelConfig
 
-# CUDA context, cuBLAS workspaces and the allocator's slack, kept out of what activations may use.
-CUDA_RESERVE_BYTES = 1536 * 2**20
+# cuBLAS workspaces, the sampler's and attention's buffers and the allocator's slack, kept out of what
+# activations may use (the CUDA context is already out of the free memory this is taken from).
+CUDA_RESERVE_BYTES = 512 * 2**20
 
 
 def activation_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -29,7 +30,6 @@ def max_token_budget(cfg: ModelConfig, dtype: torch.dtype, headroom_bytes: int) 
     return max(0, headroom_bytes) // activation_bytes_per_token(cfg, dtype)
 
 
-def cuda_headroom(total_bytes: int, gpu_memory_utilization: float) -> int:
-    """Weights and KV cache get `gpu_memory_utilization` of the card (llm_engine._num_blocks); activations get
-    the rest, less the reserve."""
-    return int(total_bytes * (1.0 - gpu_memory_utilization)) - CUDA_RESERVE_BYTES
+def cuda_headroom(free_bytes: int) -> int:
+    """Activations get what is free once weights and KV cache are allocated, less the reserve."""
+    return free_bytes - CUDA_RESERVE_BYTES

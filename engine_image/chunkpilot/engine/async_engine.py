@@ -49,10 +49,8 @@ class AsyncEngine:
         self.metrics = metrics
         self.max_waiting = max_waiting
         self._live: dict[str, _Live] = {}
-        # Requests the engine holds (submitted, not finished). Admission counts these, not `_live`: a finished
-        # request whose output a slow client has not read yet holds no engine resource and must not hold a slot.
-        self._held: set[str] = set()
         self._preparing = 0  # requests being tokenized (event-loop thread only)
+        self._closing = False  # drain has aborted what was left: nothing more may be submitted
         self._prepare = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="tokenize")
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -89,9 +87,11 @@ class AsyncEngine:
         """Stop admitting; wait up to `grace` seconds for in-flight requests, then abort the rest."""
         self.draining = True
         deadline = time.monotonic() + grace
-        while self.num_in_flight and time.monotonic() < deadline:
+        # requests admitted before the signal and still being tokenized get their grace period too
+        while (self.num_in_flight or self._preparing) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         with self._lock:
+            self._closing = True
             left = list(self._live)
         for rid in left:
             self.engine.abort(rid)
@@ -106,10 +106,9 @@ class AsyncEngine:
     @property
     def num_waiting(self) -> int:
         """Requests admitted but not running: being tokenized, queued for the next step, or waiting in the
-        scheduler. `running` is read from the step thread's list; admission only needs it approximately."""
-        with self._lock:
-            held = len(self._held)
-        return self._preparing + max(0, held - len(self.engine.scheduler.running))
+        scheduler. Not `_live`: a finished request whose output a slow client has not read yet holds no engine
+        resource and must not hold an admission slot (32 unread streams had made an idle engine answer 429)."""
+        return self._preparing + self.engine.num_waiting
 
     # ---- requests ---------------------------------------------------------------------------------------
     async def generate(
@@ -134,10 +133,11 @@ class AsyncEngine:
         with self._lock:
             if self.error is not None:  # the loop died after the check above: do not wait for it forever
                 raise EngineUnavailableError("the engine stopped")
+            if self._closing:  # tokenized after the grace period ended: nobody would abort it any more
+                raise EngineUnavailableError("the engine is shutting down")
             if request_id in self._live:
                 raise ValueError(f"request id {request_id!r} is already in flight")
             self._live[request_id] = live
-            self._held.add(request_id)
         self.engine.submit(seq)
         self._wake.set()
         finished = False
@@ -156,7 +156,6 @@ class AsyncEngine:
                 self._wake.set()
             with self._lock:
                 self._live.pop(request_id, None)
-                self._held.discard(request_id)
 
     def _admit(self) -> None:
         waiting = self.num_waiting
@@ -209,9 +208,6 @@ class AsyncEngine:
             else:
                 m.itl.observe(now - live.last_token)
             live.last_token = now
-        if out.finished:
-            with self._lock:
-                self._held.discard(out.request_id)
         if out.finished and out.finish_reason != "abort":
             seq = live.seq
             m.e2e.observe(now - seq.arrival_time)

@@ -10,6 +10,7 @@ import atexit
 import gc
 import logging
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -94,6 +95,8 @@ class LLMEngine:
         self.attention_backend = choose_backend(config.attention_backend, self.device, self.dtype, config.block_size)
         self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, self.sampler, self.attention_backend)
         self._pending: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._pending_adds = 0  # submitted, not yet in the scheduler (admission counts them as waiting)
+        self._pending_lock = threading.Lock()
         self._live: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
         self.last_step = StepStats()
         # Move everything built so far (model, tokenizer, pools) out of the garbage collector's generations:
@@ -119,8 +122,8 @@ class LLMEngine:
         cfg = self.config
         bound = cfg.max_num_seqs * self.max_model_len
         if self.device.type == "cuda":
-            total = torch.cuda.mem_get_info(self.device)[1]
-            fits = max_token_budget(self.model_config, self.dtype, cuda_headroom(total, cfg.gpu_memory_utilization))
+            free = torch.cuda.mem_get_info(self.device)[0]  # weights and KV cache are allocated by now
+            fits = max_token_budget(self.model_config, self.dtype, cuda_headroom(free))
             if cfg.token_budget > fits:
                 need = activation_bytes_per_token(self.model_config, self.dtype) * cfg.token_budget / 2**30
                 raise ValueError(f"--token-budget {cfg.token_budget} needs about {need:.1f} GiB of activations, but "
@@ -214,7 +217,15 @@ class LLMEngine:
 
     def submit(self, seq: Sequence) -> None:
         """Queue a sequence made by `make_sequence`; it joins the batch at the next step."""
+        with self._pending_lock:
+            self._pending_adds += 1
         self._pending.put(("add", seq))
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences that wait: submitted but not yet scheduled, or in the scheduler's waiting queue. Read from
+        other threads for admission: each part is one atomic read, which is all admission needs."""
+        return self._pending_adds + len(self.scheduler.waiting)
 
     def abort(self, request_id: str) -> None:
         self._pending.put(("abort", request_id))
@@ -232,6 +243,8 @@ class LLMEngine:
                 return outputs
             if kind == "add":
                 seq = item
+                with self._pending_lock:
+                    self._pending_adds -= 1
                 if seq.request_id in self._live:
                     raise ValueError(f"request id {seq.request_id!r} is already running")
                 self.scheduler.add(seq)

@@ -336,18 +336,24 @@ def serve(settings: ServerSettings, host: str = "0.0.0.0", port: int = 8000, log
         def handle_exit(self, sig, frame) -> None:
             if sig == signal.SIGTERM and not self.draining and state.engine is not None:
                 self.draining = True  # runs in a signal handler: hand the work to the event loop
-                self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain_then_exit(sig, frame)))
+
+                def start() -> None:
+                    self.drain_task = asyncio.ensure_future(self._drain_then_exit(sig, frame))
+                self.loop.call_soon_threadsafe(start)
                 return
             self._exit(sig, frame)
 
         async def _drain_then_exit(self, sig, frame) -> None:
             engine = state.engine
-            log.info("SIGTERM: draining %d requests for up to %.0f s", engine.num_in_flight, settings.grace_period)
-            await engine.drain(settings.grace_period)
-            deadline = time.monotonic() + FLUSH_SECONDS
-            while engine.num_in_flight and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            self._exit(sig, frame)
+            try:
+                log.info("SIGTERM: draining %d requests for up to %.0f s", engine.num_in_flight,
+                         settings.grace_period)
+                await engine.drain(settings.grace_period)
+                deadline = time.monotonic() + FLUSH_SECONDS
+                while engine.num_in_flight and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+            finally:  # whatever happened while draining, the process must still exit
+                self._exit(sig, frame)
 
         def _exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)

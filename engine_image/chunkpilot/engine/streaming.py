@@ -3,7 +3,9 @@
 A client that stops reading makes every write wait on its full socket. Without a timeout such a stream lived
 forever, holding its connection and its output in memory; 32 of them had filled the admission queue of an idle
 engine. A write blocked for longer than `write_timeout` ends the stream: the request is aborted (closing the
-body aborts it in the engine) and uvicorn closes the connection, because the response never completed.
+body aborts it in the engine) and uvicorn closes the connection, because the response never completed. (asyncio
+finishes that close only once the socket's buffer drains or the client leaves, so the socket and up to its buffer
+linger until then; the request's engine slot and outputs do not.)
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class TimedStreamingResponse(StreamingResponse):
         async def timed_send(message) -> None:
             try:
                 await asyncio.wait_for(send(message), self.write_timeout)
-            except TimeoutError:
+            except (TimeoutError, asyncio.TimeoutError):  # distinct types before Python 3.11
                 raise _Stalled from None
 
         try:

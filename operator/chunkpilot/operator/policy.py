@@ -42,6 +42,14 @@ def image_prefixes(policy: Policy, engine_image: str) -> tuple[str, ...]:
     return (f"{repo}:", f"{repo}@")
 
 
+def image_allowed(image: str, prefix: str) -> bool:
+    """A prefix ends at a boundary: "registry.corp/ml" allows "registry.corp/ml:1" and "registry.corp/ml/x", not
+    "registry.corp/ml-untrusted"."""
+    if not image.startswith(prefix):
+        return False
+    return prefix[-1:] in ("/", ":", "@") or len(image) == len(prefix) or image[len(prefix)] in "/:@"
+
+
 def _under(path: str, prefix: str) -> bool:
     prefix = prefix.rstrip("/") or "/"
     return prefix == "/" or path == prefix or path.startswith(prefix + "/")
@@ -60,7 +68,7 @@ def check(spec: InferenceDeploymentSpec, policy: Policy, engine_image: str) -> N
                               "operator's --allowed-host-path (chart: operator.policy.allowedHostPaths)")
     image = spec.engine.image
     prefixes = image_prefixes(policy, engine_image)
-    if image and ANY not in prefixes and not any(image.startswith(p) for p in prefixes):
+    if image and ANY not in prefixes and not any(image_allowed(image, p) for p in prefixes):
         raise PolicyError(f"spec.engine.image {image!r} is not allowed (allowed prefixes: {', '.join(prefixes)}); "
                           "leave it unset for the default engine image, or ask the cluster admin to allow it with "
                           "--allowed-image-prefix (chart: operator.policy.allowedImagePrefixes)")

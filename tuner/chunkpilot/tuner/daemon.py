@@ -189,8 +189,9 @@ def poster(raw: dict):
     return post
 
 
-def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped: threading.Event) -> None:
-    """One resource's tuning: rebuild the loop when the tuning spec changes, iterate until stopped or gone."""
+def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: threading.Event) -> None:
+    """One resource's tuning: rebuild the loop when the tuning spec changes, iterate until stopped or gone. Pinned
+    to the resource's uid: a new resource of the same name gets a fresh thread, study state and generation."""
     kube: Kube = memo.kube
     cluster: ClusterConfig = memo.cluster
     writer = StatusWriter(kube, namespace, name)
@@ -200,7 +201,7 @@ def tune_one(namespace: str, name: str, memo: kopf.Memo, stopped: threading.Even
     sleep = stopped.wait  # True once stopped: the measurer gives up its window
     while not stopped.is_set():
         raw = kube.read_inference_deployment(namespace, name)
-        if raw is None:
+        if raw is None or raw["metadata"].get("uid", "") != uid:
             return
         try:
             config = tuning_config(namespace, name, raw.get("spec") or {}, cluster)
@@ -243,7 +244,7 @@ def run(cluster: ClusterConfig, metrics: TunerMetrics, stop: threading.Event) ->
     load_config()
     process = kopf_process(cluster)
     memo = kopf.Memo(kube=Kube(), cluster=cluster, metrics=metrics, stopping=stop)
-    memo.supervisor = Supervisor(lambda namespace, name, stopped: tune_one(namespace, name, memo, stopped))
+    memo.supervisor = Supervisor(lambda namespace, name, uid, stopped: tune_one(namespace, name, uid, memo, stopped))
     try:
         process.run(build_registry(), process.settings(), memo, stop)
     finally:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-# (namespace, name, stop) -> returns when the resource is gone or `stop` is set
-TuneOne = Callable[[str, str, threading.Event], None]
+# (namespace, name, uid, stop) -> returns when the resource (that uid) is gone or `stop` is set
+TuneOne = Callable[[str, str, str, threading.Event], None]
 RETRY_SECONDS = 10.0  # after a tuning thread failed unexpectedly
 
 
@@ -29,6 +29,7 @@ def tuning_on(obj: dict) -> bool:
 class _Worker:
     thread: threading.Thread
     stop: threading.Event
+    uid: str
 
 
 class Supervisor:
@@ -40,18 +41,22 @@ class Supervisor:
     def observe(self, event_type: str | None, obj: dict) -> None:
         """Called for every watch event (and the initial listing, type None) of an InferenceDeployment."""
         meta = obj.get("metadata") or {}
-        key = (meta.get("namespace", "default"), meta.get("name"))
+        key, uid = (meta.get("namespace", "default"), meta.get("name")), meta.get("uid", "")
         want = event_type != "DELETED" and not meta.get("deletionTimestamp") and tuning_on(obj)
         with self._lock:
             worker = self._workers.get(key)
+            if worker is not None and worker.uid != uid:  # deleted and made again (a missed DELETED event)
+                worker.stop.set()
+                del self._workers[key]
+                worker = None
             if want and (worker is None or not worker.thread.is_alive()):
                 stop = threading.Event()
                 # kopf.event() (the tuner's Events) reads kopf's context variables: the thread takes the
                 # handler's context with it, as kopf does for its own sync handlers.
                 context = contextvars.copy_context()
-                thread = threading.Thread(target=context.run, args=(self._run, key, stop),
+                thread = threading.Thread(target=context.run, args=(self._run, key, uid, stop),
                                           name=f"tune-{key[0]}/{key[1]}", daemon=True)
-                self._workers[key] = _Worker(thread, stop)
+                self._workers[key] = _Worker(thread, stop, uid)
                 thread.start()
             elif not want and worker is not None:
                 worker.stop.set()
@@ -70,10 +75,10 @@ class Supervisor:
         for w in workers:
             w.thread.join(timeout)
 
-    def _run(self, key: tuple[str, str], stop: threading.Event) -> None:
+    def _run(self, key: tuple[str, str], uid: str, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                self.tune_one(key[0], key[1], stop)
+                self.tune_one(key[0], key[1], uid, stop)
                 break  # the resource is gone, or we were asked to stop
             except Exception:  # noqa: BLE001 - one resource's failure must not end the others' tuning
                 log.exception("tuning %s/%s failed; retrying in %.0f s", *key, RETRY_SECONDS)
