@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from common import conditions, model_dir, pyplot, save, sync
+from common import conditions, kv_blocks, model_dir, pyplot, save, sync
 
 from chunkpilot.engine import LLM, SamplingParams
 
@@ -41,7 +41,7 @@ def main() -> None:
 
     prompt = torch.randint(1000, 40000, (args.tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     common = dict(device=args.device, dtype=args.dtype, max_model_len=args.tokens + 16, max_num_seqs=1,
-                  kv_cache_memory_gb=None)
+                  num_kv_blocks=kv_blocks(1, args.tokens + 16))
     runs = {}
     engines = {
         "one-shot": LLM(model_dir(), token_budget=args.tokens, max_chunk=args.tokens, **common),

@@ -14,9 +14,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def model_dir() -> str:
+    """$CHUNKPILOT_BENCH_MODEL (bench/make_model.py writes one on a GPU machine), else the bundled SmolLM2."""
+    if os.environ.get("CHUNKPILOT_BENCH_MODEL"):
+        return os.environ["CHUNKPILOT_BENCH_MODEL"]
     from chunkpilot.engine.model_fetch import fetch
 
     return str(fetch("smollm2"))
+
+
+def kv_blocks(seqs: int, tokens: int, block_size: int = 16) -> int:
+    """A KV pool just big enough for `seqs` sequences of `tokens`: with an explicit pool, two engines (or an
+    engine and transformers) fit on one GPU side by side, where each would otherwise take most of the card."""
+    return seqs * -(-tokens // block_size) + 8
 
 
 def conditions(**extra) -> dict:
@@ -28,15 +37,35 @@ def conditions(**extra) -> dict:
 def save(name: str, result: dict, fig=None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
-    if fig is not None:
+    if fig is not None and fig is not NO_PLOT:
         fig.tight_layout()
         fig.savefig(RESULTS / f"{name}.png", dpi=110)
-    print(f"wrote {RESULTS / name}.json" + (" and .png" if fig is not None else ""))
+    print(f"wrote {RESULTS / name}.json" + (" and .png" if fig is not None and fig is not NO_PLOT else ""))
+
+
+class _NoPlot:
+    """Stands in for matplotlib where it is not installed (the GPU machine's python): every call is a no-op, so a
+    benchmark still writes its JSON."""
+
+    def __getattr__(self, name):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def __iter__(self):
+        return iter((self, self))
+
+
+NO_PLOT = _NoPlot()
 
 
 def pyplot():
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: JSON only, no PNG")
+        return NO_PLOT
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,14 +1,38 @@
 #!/usr/bin/env bash
-# The one prepared GPU run: the `gpu` tests, then every benchmark on CUDA in bfloat16 with GPU-sized settings.
+# The one prepared GPU run: the `gpu` tests, then every benchmark on CUDA in bfloat16 with GPU-sized settings, on
+# a random-weight model at Llama-3-8B's size made on the machine (bench/make_model.py; nothing is downloaded).
+# Runs with the repository's .venv when there is one, else with the machine's python3: the device machine has
+# torch, transformers, safetensors and tokenizers and can install nothing, so the parts import from their folders
+# and what is missing there (pytest, matplotlib) is skipped with a line saying so.
 # Output goes to $OUT (the device tool's folder) or bench/results.
+# Try it on a CPU: GPU_CHECK_DEVICE=cpu GPU_CHECK_DTYPE=float32 GPU_CHECK_MODEL=tiny bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PY=${CHUNKPILOT_VENV:-.venv}/bin/python
+if [ -x "${CHUNKPILOT_VENV:-.venv}/bin/python" ]; then
+    PY=${CHUNKPILOT_VENV:-.venv}/bin/python
+else
+    PY=python3
+    export PYTHONPATH="$PWD/engine_image:$PWD/cli:$PWD/loadgen:$PWD/tuner:$PWD/operator:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
 OUT=${OUT:-bench/results}
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
+DTYPE=${GPU_CHECK_DTYPE:-bfloat16}
+SIZE=${GPU_CHECK_MODEL:-llama3-8b}
 export PYTHONUNBUFFERED=1
-"$PY" -m pytest -m gpu -q tests 2>&1 | tee "$OUT/gpu_tests.log"
+mkdir -p "$OUT"
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" 2>&1 | tee "$OUT/device.log"
+export CHUNKPILOT_BENCH_MODEL=${CHUNKPILOT_BENCH_MODEL:-${TMPDIR:-/tmp}/chunkpilot-bench-$SIZE-$DTYPE}
+"$PY" bench/make_model.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --out "$CHUNKPILOT_BENCH_MODEL" \
+    2>&1 | tee "$OUT/make_model.log"
+# only the files that hold gpu tests: collecting the others needs packages the device's python may not have
+GPU_TESTS=$(grep -rl --include='test_*.py' "pytest.mark.gpu" tests)
+if "$PY" -c "import pytest" 2>/dev/null; then
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider $GPU_TESTS 2>&1 | tee "$OUT/gpu_tests.log"
+else
+    echo "pytest is not installed for $PY: the gpu tests did not run" | tee "$OUT/gpu_tests.log"
+fi
 for b in "chunk_overhead --tokens 8192 --chunk 512" "roofline --prefill-tokens 4096" \
          "stall --chat 32 --long 8 --long-tokens 4096 --budget 256,512" "vs_transformers --batch-sizes 8,16,32,64"; do
-    "$PY" bench/${b%% *}.py ${b#* } --device cuda --dtype bfloat16 2>&1 | tee -a "$OUT/bench.log"
+    "$PY" bench/${b%% *}.py ${b#* } --device "$DEVICE" --dtype "$DTYPE" 2>&1 | tee -a "$OUT/bench.log"
 done
-cp bench/results/*.json "$OUT"/ 2>/dev/null || true
+cp bench/results/*.json bench/results/*.png "$OUT"/ 2>/dev/null || true

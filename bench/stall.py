@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from common import conditions, model_dir, pyplot, save, sync
+from common import conditions, kv_blocks, model_dir, pyplot, save, sync
 
 from chunkpilot.engine import LLM, SamplingParams
 
@@ -88,8 +88,9 @@ def main() -> None:
 
     g = torch.Generator().manual_seed(0)
     longs = [torch.randint(1000, 40000, (args.long_tokens,), generator=g).tolist() for _ in range(args.long)]
-    common = dict(device=args.device, dtype=args.dtype, max_model_len=args.long_tokens + 512,
-                  max_num_seqs=min(args.chat + args.long, 16))
+    seqs = min(args.chat + args.long, 16)
+    common = dict(device=args.device, dtype=args.dtype, max_model_len=args.long_tokens + 512, max_num_seqs=seqs,
+                  num_kv_blocks=kv_blocks(seqs, args.long_tokens + 512))
     configs = {
         f"chunked (budget {b})": dict(token_budget=b, max_chunk=b) for b in map(int, args.budget.split(","))
     }
