@@ -212,3 +212,46 @@ def test_every_expression_runs_on_prometheus_that_scraped_an_engine(smollm2_dir,
     finally:
         prom.stop()
         engine.stop()
+
+
+def _args(text: str, component: str) -> list[str]:
+    (dep,) = [d for d in docs(text) if d["kind"] == "Deployment" and d["metadata"]["name"].endswith(component)]
+    return dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize("sets, policy", [
+    ([], dict(allowed_host_paths=(), allowed_image_prefixes=None, allowed_priority_classes=(),
+              allowed_toleration_keys=("nvidia.com/gpu",))),
+    (["--set", "operator.policy.allowedHostPaths={/mnt/models}", "--set", "operator.policy.allowedImagePrefixes={*}",
+      "--set", "operator.policy.allowedPriorityClasses={batch}", "--set", "operator.policy.allowedTolerationKeys=null",
+      "--set", "operator.engineNetworkPolicy.enabled=true", "--set", "operator.hfEndpoint=http://hub.mirror"],
+     dict(allowed_host_paths=("/mnt/models",), allowed_image_prefixes=("*",), allowed_priority_classes=("batch",),
+          allowed_toleration_keys=())),
+])
+def test_the_charts_arguments_are_what_the_commands_accept(monkeypatch, sets, policy):
+    """The operator's and the tuner's rendered args, given to the real CLIs (the images' entrypoints are
+    `chunkpilot operator run` and `chunkpilot tuner run`), parse into the settings the values say."""
+    from typer.testing import CliRunner
+
+    from chunkpilot.cli.main import app
+    from chunkpilot.operator import handlers
+    from chunkpilot.operator.policy import Policy
+    from chunkpilot.tuner import daemon
+
+    text = render(None, *sets)
+    seen = {}
+    monkeypatch.setattr(handlers, "run", lambda config: seen.setdefault("operator", config))
+    monkeypatch.setattr(daemon, "run", lambda cluster, metrics, stop: seen.setdefault("tuner", cluster))
+    import signal
+
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the CLI's SIGTERM handler must not outlive the test
+    res = CliRunner().invoke(app, ["operator", "run", *_args(text, "operator")])
+    assert res.exit_code == 0, res.output
+    engine = seen["operator"].engine
+    assert engine.policy == Policy(**policy)
+    assert (engine.default_cpu_request, engine.default_memory_request) == ("1", "4Gi")
+    assert engine.engine_network_policy == bool(sets) and engine.hf_endpoint == ("http://hub.mirror" if sets else None)
+    tuner_args = [a for a in _args(text, "tuner") if not a.startswith("--metrics-port")] + ["--metrics-port", "0"]
+    res = CliRunner().invoke(app, ["tuner", "run", *tuner_args])
+    assert res.exit_code == 0, res.output
+    assert seen["tuner"].apply_timeout == 180

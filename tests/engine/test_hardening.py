@@ -269,3 +269,60 @@ def test_health_fails_after_a_failed_load_so_the_pod_restarts(tmp_path):
         assert wait_for(lambda: client.get("/health").status_code == 503, timeout=30)
         assert "failed to load" in client.get("/health").json()["reason"]
         assert client.get("/ready").status_code == 503
+
+
+def test_drain_covers_requests_still_being_tokenized_and_refuses_them_after_the_grace(tmp_path):
+    """A request admitted before SIGTERM but still in the tokenizer gets the grace period too; one that comes
+    out of it after the grace period is refused (503), not submitted where nobody would abort it."""
+    from chunkpilot.engine import EngineConfig
+    from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError
+    from chunkpilot.engine.llm_engine import LLMEngine
+    from chunkpilot.engine.metrics import EngineMetrics
+    from chunkpilot.engine.sampling_params import SamplingParams
+
+    model = make_checkpoint(tmp_path / "tiny", "llama")
+    llm = LLMEngine(EngineConfig(model=str(model), max_model_len=128, max_num_seqs=2, token_budget=64, max_chunk=64))
+    release, real = threading.Event(), llm.make_sequence
+
+    def slow_tokenizer(*args, **kwargs):
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    llm.make_sequence = slow_tokenizer
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+    async def within_grace():
+        engine = AsyncEngine(llm, EngineMetrics("tiny", 128))
+        engine.start()
+        try:
+            outs = asyncio.ensure_future(_collect(engine.generate("a", [1, 2, 3], params)))
+            await asyncio.sleep(0)  # admitted: now tokenizing
+            drain = asyncio.ensure_future(engine.drain(30))
+            await asyncio.sleep(0.3)
+            assert not drain.done()  # it waits for the request in the tokenizer
+            release.set()
+            assert (await outs)[-1].num_output_tokens == 2  # served, not aborted
+            await asyncio.wait_for(drain, 10)
+        finally:
+            engine.stop()
+
+    async def after_grace():
+        release.clear()
+        engine = AsyncEngine(llm, EngineMetrics("tiny", 128))
+        engine.start()
+        try:
+            outs = asyncio.ensure_future(_collect(engine.generate("b", [1, 2, 3], params)))
+            await asyncio.sleep(0)
+            await engine.drain(0)
+            release.set()
+            with pytest.raises(EngineUnavailableError, match="shutting down"):
+                await asyncio.wait_for(outs, 10)
+        finally:
+            engine.stop()
+
+    asyncio.run(asyncio.wait_for(within_grace(), 60))
+    asyncio.run(asyncio.wait_for(after_grace(), 60))
+
+
+async def _collect(gen):
+    return [out async for out in gen]
