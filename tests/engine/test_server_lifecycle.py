@@ -109,12 +109,19 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(smollm2_dir, tmp_path):
 def test_sigterm_aborts_what_outlives_the_grace_period_with_an_error_event(smollm2_dir, tmp_path):
     srv = EngineServer(smollm2_dir, tmp_path, "--max-model-len", "512", "--grace-period", "1").wait_ready()
     t, chunks, state = stream_in_thread(srv.url, {**LONG, "max_tokens": 450})
-    assert wait_for(lambda: len(chunks) >= 2)
+    whole: dict = {}
+    t2 = threading.Thread(target=lambda: whole.setdefault("r", httpx.post(
+        srv.url + "/v1/completions", json={**LONG, "stream": False, "max_tokens": 450}, timeout=60)), daemon=True)
+    t2.start()
+    assert wait_for(lambda: len(chunks) >= 2 and srv.metrics()["chunkpilot:num_requests_running"] == 2)
     started = time.monotonic()
     srv.proc.send_signal(signal.SIGTERM)
     assert srv.proc.wait(30) == 0, srv.log()
     assert time.monotonic() - started < 15
     t.join(10)
+    t2.join(10)
+    # the non-streaming request gets a 503 that says to retry, not a dropped connection
+    assert whole["r"].status_code == 503 and "retry" in whole["r"].json()["error"]["message"], whole
     assert not any(c.get("choices") and c["choices"][0]["finish_reason"] == "length" for c in chunks)
     # not a bare EOF: the client is told why, in OpenAI's error body, and the stream ends with [DONE]
     assert chunks[-1]["error"]["type"] == "service_unavailable" and "retry" in chunks[-1]["error"]["message"]
