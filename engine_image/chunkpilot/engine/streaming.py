@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 ABORTED = "the server is shutting down and aborted the request before it finished: retry it"
 
 
+_timeout = getattr(asyncio, "timeout", None)  # Python 3.11+; wait_for (a task per call) before
+
+
 class _Stalled(Exception):
     pass
 
@@ -59,7 +62,11 @@ class TimedStreamingResponse(StreamingResponse):
     async def stream_response(self, send) -> None:
         async def timed_send(message) -> None:
             try:
-                await asyncio.wait_for(send(message), self.write_timeout)
+                if _timeout is not None:  # a deadline on this task: no new task for every streamed token
+                    async with _timeout(self.write_timeout):
+                        await send(message)
+                else:
+                    await asyncio.wait_for(send(message), self.write_timeout)
             except (TimeoutError, asyncio.TimeoutError):  # distinct types before Python 3.11
                 raise _Stalled from None
 
