@@ -23,6 +23,8 @@ def demo(
     model: Optional[Path] = typer.Option(None, envvar="CHUNKPILOT_MODEL",
                                          help="Model folder (default: the bundled SmolLM2, converted once)."),
     live: bool = typer.Option(True, help="Show the live view (off: one line every 10 s)."),
+    size_to_host: bool = typer.Option(True, help="Probe the engines first and shrink the long prompts to what this "
+                                                 "machine prefills within the SLOs (off: the configured lengths)."),
 ) -> None:
     """Show online tuning keep the SLOs: engines + load + Prometheus + tuner on this machine, no cluster."""
     import shutil
@@ -54,7 +56,7 @@ def demo(
             console.print(f"[red]error:[/] {e}")
             raise typer.Exit(2)
     config = DemoConfig(model=str(model), out=out, duration=duration, replicas=replicas, rate=rate, window=window,
-                        ttft_slo=ttft_slo, itl_slo=itl_slo)
+                        ttft_slo=ttft_slo, itl_slo=itl_slo, size_to_host=size_to_host)
     run = None
     interrupted = False
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def hindsight(run: DemoRun) -> dict | None:
     grid over the tuner's bounds (two points an octave: 91, where the tuner's own space has four). The simulator's
     KV pool is not the engines' 0.5 GB. Its error is stated against the fixed group, which really ran its knobs
     on the trace. None when too few steps were seen."""
-    from chunkpilot.demo.run import KNOB_BOUNDS, MAX_NUM_SEQS, SHAPES, request_slo
+    from chunkpilot.demo.run import KNOB_BOUNDS, MAX_NUM_SEQS, request_slo
     from chunkpilot.loadgen.workloads import build_workload
     from chunkpilot.tuner.prometheus import PrometheusSource
     from chunkpilot.tuner.sim.costmodel import FittedCost
@@ -58,7 +59,7 @@ def hindsight(run: DemoRun) -> dict | None:
         return {"error": f"no step-time model: {type(e).__name__}: {e}"}
     if model is None:
         return None
-    specs = build_workload(config.phases(), vocab_size=49152, seed=config.seed, shapes=SHAPES)
+    specs = build_workload(config.phases(), vocab_size=49152, seed=config.seed, shapes=config.shapes())
     slo = request_slo(config)
     n = len(specs) * config.replicas
 
@@ -100,8 +101,11 @@ def summary_line(run: DemoRun) -> str:
     s = summary(run)
     t, f = s["tuned"], s["fixed"]
     ratio = f"{t['goodput'] / f['goodput']:.2f}x" if f["goodput"] > 0 else "n/a (the fixed group met no SLO)"
+    c = run.config
+    lo, hi = c.shapes()["rag"].prompt
     return (f"SLO attainment: tuned {t['attainment']:.0%} vs fixed start-up knobs {f['attainment']:.0%}; goodput "
-            f"{t['goodput']:.2f} vs {f['goodput']:.2f} req/s ({ratio}), same requests, same machine, same run")
+            f"{t['goodput']:.2f} vs {f['goodput']:.2f} req/s ({ratio}), same requests, same machine, same run "
+            f"(long prompts {lo}-{hi} tokens, ITL SLO {c.itl_slo:g} s{', sized to this machine' if c.size_to_host else ''})")
 
 
 def figure(run: DemoRun, data: dict):
@@ -152,7 +156,7 @@ def figure(run: DemoRun, data: dict):
             ax.set(xlabel="tuner window", ylabel=f"{what} (s)", yscale="log",
                    title=f"tuner windows, {what} (green: within the SLOs), labelled budget/chunk; hollow: predicted")
             ax.legend(fontsize=8)
-    fig.suptitle(summary_line(run), fontsize=8)
+    fig.suptitle(textwrap.fill(summary_line(run), 150), fontsize=8)  # the sizing note makes it long
     fig.tight_layout()
     return fig
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
 from chunkpilot.loadgen.stats import SLO, RequestRecord
-from chunkpilot.loadgen.workloads import Phase, Shape, build_workload
+from chunkpilot.loadgen.workloads import Phase, Shape, build_workload, scaled
 from chunkpilot.tuner.config import TuningConfig
 from chunkpilot.tuner.local import build_local
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.prometheus_server import PrometheusServer
-from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.space import Knobs, SearchSpace
 
 from chunkpilot.demo.engines import EngineProcess
 
@@ -51,6 +51,12 @@ class DemoConfig:
     max_trials: int = 6
     threads: int = 1  # torch threads per engine (2 groups share the machine)
     seed: int = 0
+    size_to_host: bool = True  # shrink the long prompts to what this machine prefills (chunkpilot.demo.sizing)
+    rag_scale: float = 1.0  # the long prompts' length against SHAPES (what the sizing chose)
+
+    def shapes(self, rag_scale: float | None = None) -> dict[str, Shape]:
+        scale = self.rag_scale if rag_scale is None else rag_scale
+        return {"chat": SHAPES["chat"], "rag": scaled(SHAPES["rag"], scale, None)}
 
     def phases(self) -> list[Phase]:
         """Rate and mix shift: a calm quarter of chat, half the run busy with long prompts, a calm quarter."""
@@ -99,6 +105,12 @@ def start(config: DemoConfig, say=print) -> DemoRun:
     say("starting Prometheus (1 s scrapes)...")
     run.prometheus = PrometheusServer(config.out / "prometheus", {
         f"chunkpilot-{g}": [e.url.removeprefix("http://") for e in run.engines[g]] for g in GROUPS}).start()
+    if config.size_to_host:
+        from chunkpilot.demo.sizing import size
+
+        config = run.config = size(config, [e.url for es in run.engines.values() for e in es], run.prometheus.url,
+                                   'job=~"chunkpilot-(tuned|fixed)"', SearchSpace.from_bounds(KNOB_BOUNDS, KNOB_BOUNDS),
+                                   say=say)
     storage = config.out / "study.db"
     storage.unlink(missing_ok=True)  # each demo starts a fresh study
     tuning = TuningConfig(
@@ -115,7 +127,7 @@ def start(config: DemoConfig, say=print) -> DemoRun:
 def _load_thread(run: DemoRun, group: str) -> threading.Thread:
     config = run.config
     # Identical arrivals and requests for both groups: the same seed.
-    specs = build_workload(config.phases(), vocab_size=49152, seed=config.seed, shapes=SHAPES)
+    specs = build_workload(config.phases(), vocab_size=49152, seed=config.seed, shapes=config.shapes())
 
     def one_engine(engine: EngineProcess) -> list[RequestRecord]:
         cfg = BenchmarkConfig(base_url=engine.url, model="smollm2", requests=specs, progress=False, timeout=120)

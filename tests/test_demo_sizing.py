@@ -1,0 +1,44 @@
+"""The demo sizes its long prompts (and, where the smallest chunks need it, its ITL SLO) to the machine: pure, on
+known step costs. A host as fast as the one the demo was sized on keeps the demo's shapes; one 5x slower gets
+shorter long prompts, and always some knobs predicted to keep the ITL SLO with prefill headroom."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from chunkpilot.demo import sizing
+from chunkpilot.demo.run import KNOB_BOUNDS, DemoConfig
+from chunkpilot.tuner.predictor import predict
+from chunkpilot.tuner.space import SearchSpace
+from chunkpilot.tuner.step_model import StepModel
+
+SPACE = SearchSpace.from_bounds(KNOB_BOUNDS, KNOB_BOUNDS)
+CONFIG = DemoConfig(model="m", out=Path("/nonexistent"))
+# the shipped CPU fit (2026-11-29), in the engine's step-cost features
+FAST = StepModel({"overhead": 0.058, "prefill_tokens": 0.00086, "decode_seqs": 0.00465, "kv_kilotokens": 0.0004,
+                  "tokens_over_512": 0.0, "tokens_over_2048": 0.0}, steps=1000, rms_error=0.005, mean_seconds=0.1)
+
+
+def slower(model: StepModel, factor: float) -> StepModel:
+    return replace(model, coefficients={k: v * factor for k, v in model.coefficients.items()})
+
+
+def test_a_fast_host_keeps_the_demo_as_it_was_sized():
+    assert sizing.itl_slo(CONFIG, FAST, SPACE) == CONFIG.itl_slo
+    assert sizing.rag_scale(CONFIG, FAST, SPACE) == 1.0
+
+
+def test_a_slow_host_gets_shorter_long_prompts_that_some_knobs_can_serve():
+    slow = slower(FAST, 5.0)
+    config = replace(CONFIG, itl_slo=sizing.itl_slo(CONFIG, slow, SPACE))
+    assert config.itl_slo >= CONFIG.itl_slo
+    scale = sizing.rag_scale(config, slow, SPACE)
+    assert scale < 1.0
+    assert not sizing.fits(config, 1.0, slow, SPACE)  # the demo's own shapes: nothing would do
+    load = sizing.busy_load(config, scale, slow, SPACE)
+    best = min((predict(slow, k, load) for k in SPACE.all_knobs()), key=lambda p: (p.itl_p99 > 0.9 * config.itl_slo,
+                                                                                   p.utilization))
+    assert best.itl_p99 <= 0.9 * config.itl_slo and best.utilization <= sizing.TARGET_UTILIZATION
+    assert config.shapes(scale)["rag"].prompt[1] < config.shapes(1.0)["rag"].prompt[1]
+    assert config.shapes(scale)["chat"] == config.shapes(1.0)["chat"]  # chat is not touched
