@@ -95,6 +95,8 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
             legacy = sample("c", ns)  # the tuner's finalizer as earlier versions left it: kopf patches it away
             legacy["metadata"]["finalizers"] = ["tuner.chunkpilot.io/finalizer"]
             k.create(legacy)
+            # autoscaling auto below its minReplicas: the tuner lists HPAs, then scales through /scale
+            k.create(sample("d", ns, replicas=1, autoscaling={"mode": "auto", "minReplicas": 2, "maxReplicas": 2}))
             sm = ("monitoring.coreos.com", "v1", ns, "servicemonitors", "a")
             def monitor():
                 try:
@@ -104,6 +106,7 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
             assert eventually(lambda: monitor() is not None and k.children_exist(ns, "a")), op.log()
             assert eventually(lambda: k.cond(ns, "b", "Degraded").get("reason") == "MissingVolume")
             assert eventually(lambda: not k.get("inferencedeployments", ns, "c")["metadata"].get("finalizers"))
+            assert eventually(lambda: k.get("inferencedeployments", ns, "d")["spec"]["replicas"] == 2, 60), tu.log()
             # Someone edits what the operator owns: the next pass puts it back (a patch of each kind).
             svc = k.get("services", ns, "a")["spec"]["ports"][0]
             k.core.patch_namespaced_service("a", ns, {"spec": {"ports": [{"port": svc["port"], "targetPort": 1}]}})

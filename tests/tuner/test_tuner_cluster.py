@@ -119,3 +119,41 @@ def test_publisher_posts_events_on_knob_changes_and_health_transitions():
     assert [(t, r) for t, r, _ in posted] == [("Normal", "KnobsTuned"), ("Warning", "MeasurementsUnavailable"),
                                               ("Normal", "MeasurementsBack"), ("Normal", "KnobsTuned")]
     assert "token budget 96, max chunk 32" in posted[-1][2]
+
+
+def test_autoscaling_writes_the_scale_subresource_and_refuses_auto_under_an_hpa(k, chart_accounts, tmp_path):
+    """Auto mode on the real API server, as the chart's ServiceAccount (whose role grants inferencedeployments/scale
+    and not the spec): replicas below minReplicas are raised through the scale subresource even while Prometheus is
+    unreachable; a resource an HPA targets is left alone, with Autoscaling=False/ConflictingAutoscaler and a
+    Warning."""
+    import kubernetes
+
+    ns = k.ns
+    scaling = {"mode": "auto", "minReplicas": 2, "maxReplicas": 3}
+    k.create(sample("scaled", ns, replicas=1, autoscaling=scaling))
+    k.create(sample("contested", ns, replicas=1, autoscaling=scaling))
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+           "metadata": {"name": "contested-hpa", "namespace": ns},
+           # the HPA's own minReplicas is 1, so without metrics it leaves the replicas at 1 itself
+           "spec": {"scaleTargetRef": {"apiVersion": "chunkpilot.io/v1alpha1", "kind": "InferenceDeployment",
+                                       "name": "contested"}, "minReplicas": 1, "maxReplicas": 5,
+                    "metrics": [{"type": "External", "external": {
+                        "metric": {"name": "chunkpilot:tuner_desired_replicas"},
+                        "target": {"type": "AverageValue", "averageValue": "1"}}}]}}
+    kubernetes.client.AutoscalingV2Api(k.api).create_namespaced_horizontal_pod_autoscaler(ns, hpa)
+    with tuner(chart_accounts["tuner"], tmp_path) as proc:
+        def replicas(name):
+            return k.get("inferencedeployments", ns, name)["spec"]["replicas"]
+        assert wait_for(lambda: replicas("scaled") == 2, 60, poll=0.25), proc.log()
+        assert wait_for(lambda: k.cond(ns, "contested", "Autoscaling").get("reason") == "ConflictingAutoscaler", 60,
+                        poll=0.25), proc.log()
+        cond = k.cond(ns, "contested", "Autoscaling")
+        assert cond["status"] == "False" and "contested-hpa" in cond["message"]
+        assert "contested-hpa" in k.status(ns, "contested")["autoscaling"]["reason"]
+        assert wait_for(lambda: any(e[:2] == ("Warning", "ConflictingAutoscaler") for e in k.events(ns, "contested")),
+                        20, poll=0.25)
+        assert wait_for(lambda: any(e[:2] == ("Normal", "Scaled") for e in k.events(ns, "scaled")), 20, poll=0.25)
+        st = k.status(ns, "scaled")["autoscaling"]
+        assert st["desiredReplicas"] == 2 and "outside [2, 3]" in st["reason"], st
+        assert replicas("contested") == 1  # the tuner never wrote it
+        assert proc.stop() == 0, proc.log()

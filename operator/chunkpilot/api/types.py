@@ -138,18 +138,51 @@ class TuningSpec(_Model):
                              "Optuna alone, for comparison.")
 
 
+class AutoscalingSpec(_Model):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
+        ("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas")))
+
+    mode: Literal["off", "recommend", "auto"] = Field(
+        "off", description="off: replicas stay as in spec.replicas; recommend: the tuner writes "
+                           "status.autoscaling.desiredReplicas and the chunkpilot:tuner_desired_replicas metric for "
+                           "an HPA (external metrics) or KEDA to act on; auto: the tuner sets spec.replicas itself "
+                           "through the scale subresource, knobs first, replicas when no knobs meet the SLOs. auto "
+                           "is refused while a HorizontalPodAutoscaler targets this resource.")
+    min_replicas: int = Field(1, alias="minReplicas", ge=1, le=1000, description="Fewest replicas the tuner asks for.")
+    max_replicas: int = Field(4, alias="maxReplicas", ge=1, le=1000, description="Most replicas the tuner asks for.")
+    scale_up_stabilization_seconds: int = Field(
+        0, alias="scaleUpStabilizationSeconds", ge=0, le=3600,
+        description="As an HPA's behavior.scaleUp.stabilizationWindowSeconds: scale up to the lowest "
+                    "recommendation of this window.")
+    scale_down_stabilization_seconds: int = Field(
+        300, alias="scaleDownStabilizationSeconds", ge=0, le=3600,
+        description="As an HPA's behavior.scaleDown.stabilizationWindowSeconds: scale down to the highest "
+                    "recommendation of this window.")
+    target_prefill_utilization: float = Field(
+        0.8, alias="targetPrefillUtilization", gt=0, le=0.95,
+        description="Prompt tokens arriving per second over the prefill capacity of the replicas at the best "
+                    "knobs: the tuner asks for the fewest replicas that keep it at or below this share and the "
+                    "SLOs predicted met.")
+
+
 class MonitoringSpec(_Model):
     service_monitor: bool = Field(False, alias="serviceMonitor",
                                   description="Create a Prometheus Operator ServiceMonitor (when its CRD exists).")
 
 
 class InferenceDeploymentSpec(_Model):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
+        ("self.autoscaling.mode == 'off' || self.tuning.mode != 'off'",
+         "autoscaling needs the tuner: set tuning.mode to auto or advisory, or autoscaling.mode to off")))
+
     replicas: int = Field(1, ge=0, le=1000, description="Engine pods.")
     model: ModelSpec = Field(..., description="The model to serve.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine pod settings.")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Initial scheduler knobs.")
     slo: SLOSpec = Field(default_factory=SLOSpec, description="Latency objectives.")
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="Online tuning of the scheduler knobs.")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec,
+                                         description="Replicas as the tuner's last knob (needs tuning.mode auto).")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus integration.")
 
 
@@ -182,7 +215,8 @@ class KnobsMeasurement(_Model):
 
 class TuningStatus(_Model):
     mode: str = Field("off", description="Mode in effect.")
-    phase: Literal["Exploring", "Exploiting", "Holding", "Advisory", "Off"] = Field("Off", description="Tuner phase.")
+    phase: Literal["Exploring", "Exploiting", "Holding", "Advisory", "Scaling", "Off"] = Field(
+        "Off", description="Tuner phase (Scaling: the replicas change or not every pod is ready; no trial runs).")
     trial: int = Field(0, ge=0, description="Trials recorded so far.")
     current: KnobsMeasurement | None = Field(None, description="Knobs being measured now.")
     best: KnobsMeasurement | None = Field(None, description="Best feasible knobs so far.")
@@ -194,6 +228,19 @@ class TuningStatus(_Model):
     replicas_needed: int | None = Field(None, alias="replicasNeeded", ge=1,
                                         description="When no knobs are feasible: the replicas predicted to meet the "
                                                     "SLOs at the closest knobs (absent: more would not help).")
+
+
+class AutoscalingStatus(_Model):
+    mode: str = Field("off", description="Mode in effect (auto falls back to recommend while refused).")
+    desired_replicas: int | None = Field(None, alias="desiredReplicas", ge=0,
+                                         description="Replicas the tuner recommends now, within min and max, after "
+                                                     "stabilization.")
+    needed_replicas: int | None = Field(None, alias="neededReplicas", ge=0,
+                                        description="Replicas predicted to keep the SLOs at the best knobs, before the "
+                                                    "bounds (above maxReplicas: the bound is too low for the load).")
+    current_replicas: int | None = Field(None, alias="currentReplicas", ge=0, description="spec.replicas seen.")
+    last_scale_time: str | None = Field(None, alias="lastScaleTime", description="When the tuner last scaled.")
+    reason: str = Field("", description="Why the tuner recommends these replicas.")
 
 
 class SLOStatus(_Model):
@@ -212,6 +259,7 @@ class InferenceDeploymentStatus(_Model):
     scheduler: SchedulerStatus | None = Field(None, description="Knobs the pods should apply now.")
     tuning: TuningStatus | None = Field(None, description="Written by the tuner.")
     slo: SLOStatus | None = Field(None, description="Written by the tuner.")
+    autoscaling: AutoscalingStatus | None = Field(None, description="Written by the tuner.")
 
 
 class InferenceDeployment(_Model):

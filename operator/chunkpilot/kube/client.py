@@ -125,6 +125,26 @@ class Kube:
     def read_inference_deployment(self, namespace: str, name: str) -> dict | None:
         return self.read(f"{GROUP}/{VERSION}", "InferenceDeployment", namespace, name)
 
+    def scale_inference_deployment(self, namespace: str, name: str, replicas: int) -> dict:
+        """Set spec.replicas through the scale subresource (what an HPA or `kubectl scale` writes): the tuner may
+        change the replica count without rights to the rest of the spec."""
+        return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, PLURAL, name, {"spec": {"replicas": replicas}}, _content_type=MERGE,
+            _preload_content=False))
+
+    def autoscalers_targeting(self, namespace: str, kind: str, name: str) -> list[str]:
+        """Names of the HorizontalPodAutoscalers (autoscaling/v2) in `namespace` whose scaleTargetRef is this
+        object of our group."""
+        items = self._json(self._api("AutoscalingV2Api").list_namespaced_horizontal_pod_autoscaler(
+            namespace, _preload_content=False)).get("items", [])
+        out = []
+        for hpa in items:
+            ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+            if ref.get("kind") == kind and ref.get("name") == name and \
+                    (ref.get("apiVersion") or "").split("/")[0] == GROUP:
+                out.append(hpa["metadata"]["name"])
+        return out
+
     def crd_exists(self, name: str) -> bool:
         try:
             self._api("ApiextensionsV1Api").read_custom_resource_definition(name, _preload_content=False)

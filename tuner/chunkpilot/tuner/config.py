@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chunkpilot.tuner.loop import Actuator, Measurer, Publisher, TunerLoop, TunerSettings
+from chunkpilot.tuner.autoscale import ScalingPolicy
+from chunkpilot.tuner.loop import Actuator, Measurer, Publisher, Scaler, TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TunerStudy
@@ -21,6 +22,7 @@ class TuningConfig:
     storage: str = "sqlite:///chunkpilot-tuner.db"
     seed: int | None = None
     settings: TunerSettings = field(default_factory=TunerSettings)
+    scaling: ScalingPolicy = field(default_factory=ScalingPolicy)  # replicas as the last knob (off by default)
 
     def space(self) -> SearchSpace:
         return SearchSpace.from_bounds(self.budget_bounds, self.chunk_bounds, self.step)
@@ -53,10 +55,12 @@ def parse_bounds(text: str, what: str) -> tuple[int, int]:
     return lo, hi
 
 
-def build_loop(config: TuningConfig, actuator: Actuator, measurer: Measurer, publisher: Publisher) -> TunerLoop:
+def build_loop(config: TuningConfig, actuator: Actuator, measurer: Measurer, publisher: Publisher,
+               scaler: Scaler | None = None) -> TunerLoop:
     if config.slo.ttft is None and config.slo.itl is None:
         raise ValueError("tuning needs at least one SLO (TTFT or ITL)")
     space = config.space()
     study = TunerStudy(config.storage, config.deployment, space, config.slo, config.settings.objective,
                        seed=config.seed)
-    return TunerLoop(config.settings, space, study, actuator, measurer, publisher, config.slo)
+    return TunerLoop(config.settings, space, study, actuator, measurer, publisher, config.slo, scaler=scaler,
+                     scaling=config.scaling)

@@ -4,8 +4,10 @@ running the same TunerLoop as local mode, with the custom resource as actuator a
 * auto: the chosen knobs go to `status.scheduler` (source: tuner, generation + 1); the operator turns them into
   the knobs ConfigMap; Prometheus tells when every pod exports that generation.
 * advisory: only `status.tuning.recommendation` is written.
-* The tuner writes only `status.scheduler`, `status.tuning`, `status.slo` and the Tuning and SLOMet conditions
-  (read-modify-write with the resourceVersion, retried on 409, so the operator's conditions survive).
+* The tuner writes only `status.scheduler`, `status.tuning`, `status.slo`, `status.autoscaling` and the Tuning,
+  SLOMet and Autoscaling conditions (read-modify-write with the resourceVersion, retried on 409, so the
+  operator's conditions survive), and, with `spec.autoscaling.mode: auto`, `spec.replicas` through the scale
+  subresource only - refused (Autoscaling=False, ConflictingAutoscaler) while an HPA targets the resource.
 * A change of the SLOs, bounds or objective starts a new study (its name carries a fingerprint of them): trials
   measured against other targets say nothing about the new ones.
 * kopf's bookkeeping uses the prefix `tuner.chunkpilot.io`, apart from the operator's. The tuner puts no
@@ -25,18 +27,19 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import (GROUP, PLURAL, VERSION, Condition, InferenceDeploymentSpec,
-                                  SchedulerStatus, SLOStatus, TuningStatus)
+from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatus, Condition,
+                                  InferenceDeploymentSpec, SchedulerStatus, SLOStatus, TuningStatus)
 from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
 from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
+from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.config import TuningConfig, build_loop
-from chunkpilot.tuner.loop import TunerLoop, TunerSettings
+from chunkpilot.tuner.loop import ReplicaCount, TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.metrics import TunerMetrics
 from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
 from chunkpilot.tuner.space import Knobs
-from chunkpilot.tuner.state import TunerState, conditions, dump, status_slo, status_tuning
+from chunkpilot.tuner.state import TunerState, conditions, dump, status_autoscaling, status_slo, status_tuning
 from chunkpilot.tuner.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -67,7 +70,7 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
     slo = SLOTargets(ttft=target(s.slo.ttft), itl=target(s.slo.itl))
     if slo.ttft is None and slo.itl is None:
         raise ValueError("tuning needs spec.slo.ttft or spec.slo.itl")
-    b = s.tuning.bounds
+    b, a = s.tuning.bounds, s.autoscaling
     fingerprint = hashlib.sha256(json.dumps({"slo": s.slo.model_dump(), "bounds": b.model_dump(),
                                              "objective": s.tuning.objective}, sort_keys=True).encode()).hexdigest()[:8]
     return TuningConfig(
@@ -77,7 +80,11 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
         settings=TunerSettings(mode=s.tuning.mode, objective=s.tuning.objective, window=s.tuning.window_seconds,
                                warmup=s.tuning.warmup_seconds, max_trials=s.tuning.max_trials,
                                min_requests=cluster.min_requests, guidance=s.tuning.guidance,
-                               apply_timeout=cluster.apply_timeout))
+                               apply_timeout=cluster.apply_timeout),
+        scaling=ScalingPolicy(mode=a.mode, min_replicas=a.min_replicas, max_replicas=a.max_replicas,
+                              up_stabilization=a.scale_up_stabilization_seconds,
+                              down_stabilization=a.scale_down_stabilization_seconds,
+                              target_utilization=a.target_prefill_utilization))
 
 
 class StatusWriter:
@@ -88,10 +95,10 @@ class StatusWriter:
         self.kube, self.namespace, self.name = kube, namespace, name
 
     def write(self, *, scheduler: SchedulerStatus | None = None, tuning: TuningStatus | None = None,
-              slo: SLOStatus | None = None, tuner_conditions: list[Condition] | None = None,
-              attempts: int = 5) -> None:
-        part = {key: dump(model) for key, model in (("scheduler", scheduler), ("tuning", tuning), ("slo", slo))
-                if model is not None}
+              slo: SLOStatus | None = None, autoscaling: AutoscalingStatus | None = None,
+              tuner_conditions: list[Condition] | None = None, attempts: int = 5) -> None:
+        part = {key: dump(model) for key, model in (("scheduler", scheduler), ("tuning", tuning), ("slo", slo),
+                                                    ("autoscaling", autoscaling)) if model is not None}
         for _ in range(attempts):
             raw = self.kube.read_inference_deployment(self.namespace, self.name)
             if raw is None:
@@ -128,12 +135,55 @@ class StatusActuator:
         return self._knobs
 
 
+class StatusScaler:
+    """Replicas through the scale subresource. The count and readiness come from the resource (the operator
+    mirrors its Deployment into status.replicas and status.readyReplicas). Auto is refused while an HPA targets the
+    resource: two controllers must not fight over spec.replicas. The HPA list is read at most every
+    HPA_CHECK_SECONDS."""
+
+    HPA_CHECK_SECONDS = 30.0
+
+    def __init__(self, kube: Kube, namespace: str, name: str, clock=None) -> None:
+        import time
+
+        self.kube, self.namespace, self.name = kube, namespace, name
+        self._clock = clock or time.monotonic
+        self._checked: float | None = None
+        self._refused = ""
+
+    def replicas(self) -> ReplicaCount:
+        raw = self.kube.read_inference_deployment(self.namespace, self.name) or {}
+        spec = int((raw.get("spec") or {}).get("replicas", 1))
+        ready = int((raw.get("status") or {}).get("readyReplicas") or 0)
+        return ReplicaCount(spec=spec, ready=ready)
+
+    def scale(self, replicas: int) -> None:
+        self.kube.scale_inference_deployment(self.namespace, self.name, replicas)
+
+    def refused(self) -> str:
+        now = self._clock()
+        if self._checked is None or now - self._checked >= self.HPA_CHECK_SECONDS:
+            self._checked = now
+            try:
+                hpas = self.kube.autoscalers_targeting(self.namespace, KIND, self.name)
+            except ApiException as e:  # not knowing is no licence to fight another controller
+                self._refused = (f"cannot list HorizontalPodAutoscalers in {self.namespace} ({e.status} {e.reason}): "
+                                 f"autoscaling.mode auto is refused until the tuner may (chart RBAC)")
+                return self._refused
+            self._refused = "" if not hpas else (
+                f"HorizontalPodAutoscaler {', '.join(hpas)} targets this InferenceDeployment: autoscaling.mode auto "
+                f"is refused, two controllers must not fight over replicas; recommending only. Use mode recommend "
+                f"and let the HPA act on chunkpilot:tuner_desired_replicas, or delete the HPA")
+        return self._refused
+
+
 class StatusPublisher:
     def __init__(self, writer: StatusWriter, config: TuningConfig, metrics: TunerMetrics | None,
                  post_event=None) -> None:
         self.writer, self.config, self.metrics = writer, config, metrics
         self.post_event = post_event  # (type, reason, message) -> a Kubernetes Event on the resource
         self._healthy, self._last_change, self._feasible = True, None, None
+        self._last_scale, self._refused = None, ""
 
     def _events(self, state: TunerState) -> None:
         """`kubectl describe` tells an SRE when the tuner moved knobs and when it stopped being able to."""
@@ -152,6 +202,15 @@ class StatusPublisher:
                 self.post_event("Normal", "FeasibleKnobs", "knobs are predicted to keep the SLOs again; tuning "
                                                            "explores inside them")
             self._feasible = state.feasible
+        sc = state.scaling
+        if sc is not None:
+            if sc.refused != self._refused:
+                if sc.refused:
+                    self.post_event("Warning", "ConflictingAutoscaler", sc.refused)
+                self._refused = sc.refused
+            if sc.last_scale and sc.last_scale != self._last_scale:
+                self._last_scale = sc.last_scale
+                self.post_event("Normal", "Scaled", f"replicas -> {sc.desired}: {sc.reason}")
         if state.last_change and state.last_change != self._last_change and state.current is not None:
             self._last_change = state.last_change
             self.post_event("Normal", "KnobsTuned", f"token budget {state.current.token_budget}, max chunk "
@@ -161,10 +220,13 @@ class StatusPublisher:
         self._events(state)
         self.writer.write(tuning=status_tuning(state, self.config.slo, self.config.settings.objective),
                           slo=status_slo(state.current_window, self.config.slo),
+                          autoscaling=status_autoscaling(state),
                           tuner_conditions=conditions(state, self.config.slo))
         if self.metrics is not None:
             self.metrics.update(self.writer.namespace, self.writer.name, state, self.config.slo,
                                 self.config.settings.objective)
+            self.metrics.update_scaling(self.writer.namespace, self.writer.name, state,
+                                        self.config.scaling.max_replicas)
 
 
 def start_knobs(raw: dict) -> tuple[Knobs, int]:
@@ -216,7 +278,8 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
             source = PrometheusSource(cluster.prometheus_url, selector)
             loop = build_loop(config, StatusActuator(writer, source, start, generation),
                               PrometheusMeasurer(source, config.slo, sleep=sleep),
-                              StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)))
+                              StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)),
+                              scaler=StatusScaler(kube, namespace, name))
             built_for = config
             log.info("tuning %s/%s: study %s, mode %s", namespace, name, config.deployment, config.settings.mode)
         loop.iterate()

@@ -11,6 +11,9 @@ One `iterate()` is one unit of work:
   beyond a threshold (rate, prompt or output length) starts a new epoch: a fresh study seeded with the incumbent.
 * Holding: measurements failed (Prometheus down, or no data); knobs stay, no trial is recorded, retry with backoff.
 * Advisory: measure whatever knobs run, recommend the best feasible seen; change nothing.
+* Scaling (with `spec.autoscaling`, chunkpilot.tuner.autoscale): while the replica count changes or not every pod
+  is ready, and for one window after a change, no trial runs; after each measured window the replicas the load
+  needs at the best knobs are recommended (and, in auto mode, set through the Scaler).
 
 Model-guided (the default, `guidance="model"`; chunkpilot.tuner.guide): before every ask, the step-time model is
 refitted on the last three windows and every candidate is judged at 1.5x the measured load. The epoch's first
@@ -25,15 +28,17 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 from chunkpilot.kube.conditions import now_rfc3339
-from chunkpilot.tuner import guide
+from chunkpilot.tuner import autoscale, guide
+from chunkpilot.tuner.autoscale import Autoscaler, ScalingPolicy
 from chunkpilot.tuner.predictor import predict
 from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
 from chunkpilot.tuner.space import Knobs, SearchSpace
-from chunkpilot.tuner.state import TunerState
+from chunkpilot.tuner.state import ScalingState, TunerState
 from chunkpilot.tuner.study import TunerStudy
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,20 @@ class Publisher(Protocol):
 
 
 @dataclass(frozen=True)
+class ReplicaCount:
+    spec: int  # the replicas asked for (spec.replicas)
+    ready: int  # pods ready to serve
+
+
+class Scaler(Protocol):
+    """Optional: replicas as the last knob (chunkpilot.tuner.autoscale). `refused` says why the loop may only
+    recommend (e.g. an HPA also targets the resource); empty when it may scale."""
+    def replicas(self) -> ReplicaCount: ...
+    def scale(self, replicas: int) -> None: ...
+    def refused(self) -> str: ...
+
+
+@dataclass(frozen=True)
 class TunerSettings:
     mode: str = "auto"  # auto | advisory
     guidance: str = "model"  # model: try only knobs the step-time model predicts safe | blackbox: Optuna alone
@@ -90,7 +109,8 @@ class TunerSettings:
 
 class TunerLoop:
     def __init__(self, settings: TunerSettings, space: SearchSpace, study: TunerStudy, actuator: Actuator,
-                 measurer: Measurer, publisher: Publisher, slo: SLOTargets) -> None:
+                 measurer: Measurer, publisher: Publisher, slo: SLOTargets, scaler: Scaler | None = None,
+                 scaling: ScalingPolicy | None = None, clock=None) -> None:
         self.s = settings
         self.space = space
         self.study = study
@@ -110,12 +130,24 @@ class TunerLoop:
         self._guided = settings.guidance == "model" and hasattr(measurer, "context")
         if study.closed_stale:
             self.state.reason = f"closed {study.closed_stale} trial(s) interrupted by a restart"
+        # replicas as the last knob: only with a scaler and a policy that is not off
+        self.scaler = scaler if scaling is not None and scaling.mode != "off" else None
+        self.autoscaler = Autoscaler(scaling) if self.scaler is not None else None
+        self._clock = clock or time.monotonic
+        self._seen_replicas: int | None = None
+        self._warm = True  # False from a replica change until a window has passed with every pod ready
+        if self.autoscaler is not None:
+            self.state.scaling = ScalingState(mode=scaling.mode)
 
     # -- public -----------------------------------------------------------------------------------------
     def iterate(self) -> str:
         try:
+            if self.scaler is not None:
+                self._scaling_guard()  # a refusal and the bounds do not wait for measurements
             self.measurer.check()  # blind is no time to move knobs: check before starting anything
-            if self.s.mode == "advisory":
+            if self.scaler is not None and not self._replicas_settled():
+                outcome = self._settle()
+            elif self.s.mode == "advisory":
                 outcome = self._advise()
             elif self.study.explored() < self.s.max_trials:
                 outcome = self._explore()
@@ -123,6 +155,8 @@ class TunerLoop:
                 outcome = self._exploit()
             self._backoff = self.s.backoff_initial
             self.state.healthy = True
+            if self.scaler is not None and outcome in ("trial", "cut", "exploit", "reopen", "advise"):
+                self._autoscale()
         except MeasurementUnavailable as e:
             outcome = self._hold(str(e))
         if self.state.feasible is False and self.state.healthy and self.state.phase == "Exploring":
@@ -184,6 +218,11 @@ class TunerLoop:
                 except TimeoutError as e:
                     self.state.reason += f"; restoring the best knobs: {e}"
             return "cut"
+        if self.scaler is not None and self._replicas_moved():
+            self.study.fail(trial, "the replicas changed during the window")
+            self.state.reason = "the replicas changed during the window: not a trial result"
+            self._warm = False
+            return "scaling"
         if window.requests < self.s.min_requests:
             self.study.fail(trial, f"only {window.requests} requests in the window (< {self.s.min_requests})")
             self.state.reason = f"window too thin ({window.requests} requests): not a trial result"
@@ -224,10 +263,10 @@ class TunerLoop:
         # A measurement wins over a prediction, where it was taken at about this load (within the drift the
         # tuner tolerates: a calm minute's "feasible" says nothing about a busy one); elsewhere the prediction,
         # calibrated by that window, decides.
-        now = (context.load.request_rate * context.pods, context.load.mean_prompt_tokens, 0.0)
+        now = (context.load.request_rate, context.load.mean_prompt_tokens, 0.0)  # per pod, as load_of
         grid = set(self.space.all_knobs())  # advisory mode records the user's knobs, which need not be on it
         measured = {m.knobs: m for m in self.study.measured() if m.knobs in grid
-                    and load_shift(_load(m.window)[:2] + (0.0,), now) <= self.s.drift_load_shift}
+                    and load_shift(load_of(m.window)[:2] + (0.0,), now) <= self.s.drift_load_shift}
         allowed = {c.knobs for c in screened if c.safe and c.knobs not in measured}
         allowed |= {k for k, m in measured.items() if m.feasible}
         self.state.predicted_safe = len(allowed)
@@ -272,15 +311,15 @@ class TunerLoop:
         return self.study.ask()
 
     def _load_shift(self, context: guide.Context) -> float:
-        """How far the load now (rate and mean prompt, the whole deployment) is from the mean of the epoch's
-        trial windows; 0 before any."""
+        """How far the load now (rate per pod and mean prompt) is from the mean of the epoch's trial windows; 0
+        before any."""
         windows = [t.user_attrs.get("window") for t in self.study.completed()]
         windows = [w for w in windows if w]
         if not windows:
             return 0.0
-        reference = (sum(w.get("request_rate", 0.0) for w in windows) / len(windows),
-                     sum(w.get("mean_prompt_tokens", 0.0) for w in windows) / len(windows), 0.0)
-        now = (context.load.request_rate * context.pods, context.load.mean_prompt_tokens, 0.0)
+        loads = [load_of(w) for w in windows]
+        reference = (sum(r for r, _, _ in loads) / len(loads), sum(p for _, p, _ in loads) / len(loads), 0.0)
+        now = (context.load.request_rate, context.load.mean_prompt_tokens, 0.0)  # per pod
         return load_shift(reference, now)
 
     def _context(self, seconds: float, quiet: bool = True) -> guide.Context | None:
@@ -333,7 +372,7 @@ class TunerLoop:
             self.state.reason = "holding the best knobs (window too thin to judge)"
             return "exploit"
         self._breaches = 0 if slo_met(window, self.slo) else self._breaches + 1
-        shift = load_shift(_load(best.window), load_of(window))
+        shift = load_shift(load_of(best.window), load_of(window))
         if self._breaches >= self.s.drift_breach_windows or shift > self.s.drift_load_shift:
             why = (f"SLO breached in {self._breaches} consecutive windows" if self._breaches >= self.s.drift_breach_windows
                    else f"load moved by {shift:.0%} since the best knobs were measured")
@@ -377,6 +416,92 @@ class TunerLoop:
             pass
         self._backoff = min(self._backoff * 2, self.s.backoff_max)
         return "hold"
+
+    # -- replicas -----------------------------------------------------------------------------------------
+    def _scaling_guard(self) -> None:
+        """Auto mode, every iteration: refused while another autoscaler targets the resource; otherwise
+        spec.replicas is kept within [minReplicas, maxReplicas] (as an HPA does; 0 means scaled to zero by hand,
+        which pauses autoscaling, as it does an HPA's)."""
+        sc = self.state.scaling
+        sc.refused = self.scaler.refused() if sc.mode == "auto" else ""
+        if sc.mode != "auto" or sc.refused:
+            return
+        r = self.scaler.replicas()
+        bounded = self.autoscaler.policy.clamp(r.spec)
+        if r.spec > 0 and bounded != r.spec:
+            self.scaler.scale(bounded)
+            sc.desired, sc.last_scale = bounded, now_rfc3339()
+            sc.reason = (f"spec.replicas {r.spec} is outside [{self.autoscaler.policy.min_replicas}, "
+                         f"{self.autoscaler.policy.max_replicas}]: scaled to {bounded}")
+            log.info("%s", sc.reason)
+
+    def _replicas_settled(self) -> bool:
+        """True when the replica count has not changed since the last look, every pod is ready, and a window has
+        passed since the last change (the window after a scale event is a warm-up: new pods start cold, and the
+        load per pod moved)."""
+        r = self.scaler.replicas()
+        sc = self.state.scaling
+        sc.replicas, sc.ready = r.spec, r.ready
+        changed = self._seen_replicas is not None and r.spec != self._seen_replicas
+        self._seen_replicas = r.spec
+        if changed or r.ready < r.spec:
+            self._warm = False
+            return False
+        return self._warm
+
+    def _settle(self) -> str:
+        sc = self.state.scaling
+        self.state.phase = "Scaling"
+        if sc.ready is not None and sc.replicas is not None and sc.ready < sc.replicas:
+            self.state.reason = f"{sc.ready} of {sc.replicas} replicas ready: no trial until every pod serves"
+        else:
+            self.state.reason = f"replicas changed to {sc.replicas}: one window of warm-up before the next trial"
+            self._warm = True  # the wait below is that window
+        self.measurer.wait(self.s.window)
+        return "scaling"
+
+    def _replicas_moved(self) -> bool:
+        """During a trial: did the replicas change or a pod stop being ready? Then the window says nothing about
+        the knobs."""
+        r = self.scaler.replicas()
+        return r.spec != self._seen_replicas or r.ready < r.spec
+
+    def _autoscale(self) -> None:
+        """After a measured window: the replicas the load needs at the best knobs. Knobs first: while exploring,
+        the knobs predicted best at the load now decide, so pods are added only when no knobs in bounds fit the
+        pods that run; scaling down waits for the best knobs measured (exploiting). In auto mode the loop
+        scales, unless refused (then it recommends)."""
+        sc = self.state.scaling
+        # the step-time model from the lookback (more steps at more knobs fit better), the load from the window
+        # just measured: replicas answer the load now, and three windows of a ramp lag it by a step
+        fitted, now = self._context(self.s.window * self.s.lookback_windows), self._context(self.s.window)
+        if fitted is None or now is None or sc.replicas is None:
+            return
+        context = guide.Context(fitted.model, now.load, now.pods)
+        best = self.study.best()
+        exploring = self.state.phase == "Exploring"
+        if exploring:  # more pods only if no knobs fit the pods that run: the knobs (of the least-pressure few)
+            # that need the fewest pods at the load now
+            observations = self._observations()
+            few = [c.knobs for c in guide.screen(context, self.space.all_knobs(), self.slo, observations)[:8]]
+            knobs = min(few, key=lambda k: autoscale.pods_needed(context, k, self.slo,
+                                                                 self.autoscaler.policy.target_utilization,
+                                                                 observations) or guide.REPLICAS_CAP + 1)
+        else:
+            knobs = best.knobs if best is not None and best.feasible else self.actuator.current()
+        window = self.state.current_window  # the window just measured, at the knobs that ran
+        breached = (self.state.phase == "Exploiting" and window is not None and window.requests >= self.s.min_requests
+                    and not slo_met(window, self.slo))
+        decision = self.autoscaler.decide(context, knobs, self.slo, sc.replicas, self._clock(), self._observations(),
+                                          breached=breached)
+        desired, why = decision.desired, decision.reason
+        if exploring and desired < sc.replicas:
+            desired, why = sc.replicas, f"{why}; scaling down waits for the best knobs (exploring)"
+        sc.desired, sc.needed, sc.reason = desired, decision.needed, why
+        if sc.mode == "auto" and not sc.refused and desired != sc.replicas:
+            log.info("scaling %d -> %d replicas: %s", sc.replicas, desired, why)
+            self.scaler.scale(desired)
+            sc.last_scale = now_rfc3339()
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _apply(self, knobs: Knobs) -> None:
@@ -432,7 +557,3 @@ GUIDANCE = ("model", "blackbox")
 MAX_REJECTED_ASKS = 30  # asks screened out per trial before the loop picks the least-pressure untried knobs itself
 _TOLD = ("complete", "cut", "observed")  # _record kinds whose window the study already holds as a trial
 
-
-def _load(window: dict) -> tuple[float, float, float]:
-    return (window.get("request_rate", 0.0), window.get("mean_prompt_tokens", 0.0),
-            window.get("mean_output_tokens", 0.0))

@@ -37,6 +37,7 @@ class Window:
     # prompt tokens/s the engines get through while prefill is busy (computed + found in the prefix cache, per
     # busy second, times the pods); None when unknown (no prompt work in the window, or engines without it)
     prefill_capacity: float | None = None
+    pods: int = 1  # engines measured: loads are compared per pod, so that a scale event is not a knob effect
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,8 +134,11 @@ def wide_breach(w: Window, slo: SLOTargets, factor: float) -> bool:
     return any(c > factor - 1.0 for c in latency_constraints(w, slo))
 
 
-def load_of(w: Window) -> tuple[float, float, float]:
-    return (w.request_rate, w.mean_prompt_tokens, w.mean_output_tokens)
+def load_of(w: Window | dict) -> tuple[float, float, float]:
+    """(request rate per pod, mean prompt tokens, mean output tokens) of a window or its stored dict."""
+    d = w.to_dict() if isinstance(w, Window) else w
+    return (d.get("request_rate", 0.0) / max(1, d.get("pods") or 1), d.get("mean_prompt_tokens", 0.0),
+            d.get("mean_output_tokens", 0.0))
 
 
 def load_shift(reference: tuple[float, float, float], now: tuple[float, float, float]) -> float:

@@ -19,9 +19,15 @@ SLO_ATTAINMENT = PREFIX + "slo_attainment"
 SLO_SECONDS = PREFIX + "slo_seconds"  # the deployment's SLO thresholds, for the dashboard's SLO lines
 FEASIBLE = PREFIX + "feasible_knobs"
 REPLICAS_NEEDED = PREFIX + "replicas_needed"
+# autoscaling (recommend or auto): what an HPA's external metric or KEDA's Prometheus scaler reads, next to the
+# replicas that run and the bound, for the dashboard and the alert when the load needs more than maxReplicas
+DESIRED_REPLICAS = PREFIX + "desired_replicas"
+CURRENT_REPLICAS = PREFIX + "current_replicas"
+SCALING_NEEDED_REPLICAS = PREFIX + "scaling_needed_replicas"
+MAX_REPLICAS = PREFIX + "max_replicas"
 ALL_NAMES = (TRIALS, OBJECTIVE, BEST_OBJECTIVE, TOKEN_BUDGET, MAX_CHUNK, PHASE, HEALTHY, SLO_ATTAINMENT, SLO_SECONDS,
-             FEASIBLE, REPLICAS_NEEDED)
-PHASES = ("Exploring", "Exploiting", "Holding", "Advisory")
+             FEASIBLE, REPLICAS_NEEDED, DESIRED_REPLICAS, CURRENT_REPLICAS, SCALING_NEEDED_REPLICAS, MAX_REPLICAS)
+PHASES = ("Exploring", "Exploiting", "Holding", "Advisory", "Scaling")
 LABELS = ["namespace", "deployment"]
 
 
@@ -47,7 +53,22 @@ class TunerMetrics:
                               LABELS, registry=r)
         self.replicas_needed = Gauge(REPLICAS_NEEDED, "Replicas predicted to meet the SLOs at the closest knobs "
                                      "while no knobs are feasible (absent otherwise).", LABELS, registry=r)
+        self.desired_replicas = Gauge(DESIRED_REPLICAS, "Autoscaling: replicas the tuner recommends (recommend) or "
+                                      "asks for (auto), within min and max, after stabilization.", LABELS, registry=r)
+        self.current_replicas = Gauge(CURRENT_REPLICAS, "Autoscaling: spec.replicas the tuner sees.", LABELS,
+                                      registry=r)
+        self.scaling_needed = Gauge(SCALING_NEEDED_REPLICAS, "Autoscaling: replicas predicted to keep the SLOs at the "
+                                    "best knobs, before the bounds (absent: more would not help).", LABELS, registry=r)
+        self.max_replicas = Gauge(MAX_REPLICAS, "Autoscaling: spec.autoscaling.maxReplicas.", LABELS, registry=r)
         self._seen: dict[tuple[str, str], int] = {}
+
+    def update_scaling(self, namespace: str, deployment: str, state: TunerState, max_replicas: int | None) -> None:
+        sc = state.scaling
+        values = ((self.desired_replicas, sc.desired if sc else None),
+                  (self.current_replicas, sc.replicas if sc else None),
+                  (self.scaling_needed, sc.needed if sc else None),
+                  (self.max_replicas, max_replicas if sc else None))
+        _set_or_remove(values, namespace, deployment)
 
     def update(self, namespace: str, deployment: str, state: TunerState, slo: SLOTargets, objective: str) -> None:
         key = (namespace, deployment)
@@ -72,12 +93,16 @@ class TunerMetrics:
             self.phase.labels(namespace, deployment, p).set(1 if state.phase == p else 0)
         self.healthy.labels(namespace, deployment).set(1 if state.healthy else 0)
         # no stale advice: each series goes away once it says nothing (black-box, advisory, feasible again)
-        for gauge, value in ((self.feasible, None if state.feasible is None else int(state.feasible)),
-                             (self.replicas_needed, state.replicas_needed)):
-            if value is not None:
-                gauge.labels(namespace, deployment).set(value)
-            else:
-                try:
-                    gauge.remove(namespace, deployment)
-                except KeyError:
-                    pass
+        _set_or_remove(((self.feasible, None if state.feasible is None else int(state.feasible)),
+                        (self.replicas_needed, state.replicas_needed)), namespace, deployment)
+
+
+def _set_or_remove(values, namespace: str, deployment: str) -> None:
+    for gauge, value in values:
+        if value is not None:
+            gauge.labels(namespace, deployment).set(value)
+        else:
+            try:
+                gauge.remove(namespace, deployment)
+            except KeyError:
+                pass

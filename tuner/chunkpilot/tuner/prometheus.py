@@ -183,10 +183,12 @@ class PrometheusMeasurer:
                    + (src.scalar(rate_query(m.PREFIX_CACHE_HITS, sel, seconds)) or 0.0))
         pods = src.scalar(f"count(rate({m.PREFILL_BUSY_SECONDS}{{{sel}}}[{_w(seconds)}]))")
         capacity = through / busy * pods if busy and pods else None
+        engines = src.scalar(f"count(count_over_time({m.SCHEDULER_GENERATION}{{{sel}}}[{_w(seconds)}]))")
         return Window(seconds=seconds, requests=int(round(done_rate * seconds)), request_rate=arrivals,
                       output_tokens_per_s=tokens, goodput=done_rate * share, ttft=ttft, itl=itl,
                       mean_prompt_tokens=prompt_mean, mean_output_tokens=output_mean,
-                      backlog_growth=(queued + running) / seconds, prefill_capacity=capacity)
+                      backlog_growth=(queued + running) / seconds, prefill_capacity=capacity,
+                      pods=max(1, int(round(engines or 1))))
 
 
 def _ratio(a: float | None, b: float | None) -> float:

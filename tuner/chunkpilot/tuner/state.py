@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chunkpilot.api.types import Condition, KnobsMeasurement, SLOStatus, TuningStatus
+from chunkpilot.api.types import AutoscalingStatus, Condition, KnobsMeasurement, SLOStatus, TuningStatus
 from chunkpilot.tuner.measurement import SLOTargets, Window, slo_met
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import Measured
@@ -15,7 +15,7 @@ from chunkpilot.tuner.study import Measured
 @dataclass
 class TunerState:
     mode: str
-    phase: str = "Exploring"  # Exploring | Exploiting | Holding | Advisory
+    phase: str = "Exploring"  # Exploring | Exploiting | Holding | Advisory | Scaling
     trial: int = 0  # completed trials, all epochs
     epoch: int = 0
     current: Knobs | None = None
@@ -34,6 +34,19 @@ class TunerState:
     replicas_needed: int | None = None
     feasible_reason: str = ""
     predicted_safe: int | None = None
+    scaling: ScalingState | None = None  # replicas as the last knob (None: autoscaling off)
+
+
+@dataclass
+class ScalingState:
+    mode: str  # recommend | auto (auto refused: recommend, with refused saying why)
+    replicas: int | None = None  # spec.replicas seen
+    ready: int | None = None
+    desired: int | None = None
+    needed: int | None = None
+    reason: str = ""
+    refused: str = ""  # why auto is not in effect (e.g. an HPA targets the resource)
+    last_scale: str | None = None
 
 
 def _measurement(knobs: Knobs, window: Window | dict | None, objective: float | None,
@@ -62,6 +75,15 @@ def status_tuning(state: TunerState, slo: SLOTargets, objective: str) -> TuningS
     return out
 
 
+def status_autoscaling(state: TunerState) -> AutoscalingStatus | None:
+    sc = state.scaling
+    if sc is None:
+        return None
+    return AutoscalingStatus(mode=sc.mode, desired_replicas=sc.desired, needed_replicas=sc.needed,
+                             current_replicas=sc.replicas, last_scale_time=sc.last_scale,
+                             reason=(f"{sc.refused}; " if sc.refused else "") + sc.reason[:900])
+
+
 def status_slo(window: Window | None, slo: SLOTargets) -> SLOStatus | None:
     if window is None:
         return None
@@ -80,9 +102,10 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
         reason = "NoFeasibleKnobs" if state.feasible is False else state.phase
     tuning = Condition(type="Tuning", status="True" if state.healthy and state.mode != "off" else "False",
                        reason=reason, message=state.reason[:1024])
+    scaling = [] if state.scaling is None else [_autoscaling_condition(state.scaling)]
     w = state.current_window
     if w is None:
-        return [tuning, Condition(type="SLOMet", status="Unknown", reason="NotMeasured",
+        return [tuning, *scaling, Condition(type="SLOMet", status="Unknown", reason="NotMeasured",
                                   message="no window measured yet")]
     ok = slo_met(w, slo)
     parts = []
@@ -90,9 +113,25 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
         parts.append(f"TTFT p{slo.ttft.percentile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
     if slo.itl is not None and w.itl is not None:
         parts.append(f"ITL p{slo.itl.percentile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
-    return [tuning, Condition(type="SLOMet", status="True" if ok else "False",
+    return [tuning, *scaling, Condition(type="SLOMet", status="True" if ok else "False",
                               reason="WithinSLO" if ok else "SLOBreached",
                               message=", ".join(parts) or "no latency measured")]
+
+
+def _autoscaling_condition(sc: ScalingState) -> Condition:
+    """Autoscaling=False with ConflictingAutoscaler while auto is refused; else True: AtMaxReplicas when the load
+    needs more than the bound allows, Scaling while the replicas differ from the desired, Recommending, Stable."""
+    if sc.refused:
+        return Condition(type="Autoscaling", status="False", reason="ConflictingAutoscaler", message=sc.refused[:1024])
+    if sc.needed is not None and sc.desired is not None and sc.needed > sc.desired:
+        reason = "AtMaxReplicas"
+    elif sc.mode == "recommend":
+        reason = "Recommending"
+    elif sc.desired is not None and (sc.replicas != sc.desired or (sc.ready or 0) < (sc.replicas or 0)):
+        reason = "Scaling"
+    else:
+        reason = "Stable"
+    return Condition(type="Autoscaling", status="True", reason=reason, message=sc.reason[:1024])
 
 
 def dump(model) -> dict:

@@ -122,57 +122,80 @@ class Simulator:
         return self.records
 
     # -- measurement ----------------------------------------------------------------------------------------
-    def window(self, seconds: float, slo: SLOTargets) -> Window:
-        """The window of `seconds` ending now, measured the way Prometheus sees it: TTFT of first tokens and
-        every token gap inside the window, requests that finished inside it."""
-        t1, t0 = self.now, self.now - seconds
-        done = [r for r in self.records if r.end is not None and t0 < r.end <= t1]
-        ttfts = [r.ttft for r in self.records if r.first_token is not None and t0 < r.first_token <= t1]
-        gaps = [b - a for r in self.records for a, b in zip(r.token_times, r.token_times[1:]) if t0 < b <= t1]
-        tokens = sum(1 for r in self.records for t in r.token_times if t0 < t <= t1)
-        arrived = [(p, o) for t, p, o in self.arrivals if t0 < t <= t1]
-        # requests in the system at t = arrived by t - finished by t
-        in_system = [sum(1 for t, _, _ in self.arrivals if t <= at) - sum(1 for r in self.records
-                                                                          if r.end is not None and r.end <= at)
-                     for at in (t0, t1)]
-        met = SLO(ttft=slo.ttft.threshold if slo.ttft else None, itl=slo.itl.threshold if slo.itl else None,
-                  itl_percentile=slo.itl.percentile * 100 if slo.itl else 99.0)
-        q_ttft = slo.ttft.percentile if slo.ttft else 0.99
-        q_itl = slo.itl.percentile if slo.itl else 0.99
-        busy = [b for b in self.prefill_busy if t0 < b[0] <= t1]
-        return Window(
-            seconds=seconds, requests=len(done), request_rate=len(arrived) / seconds,
-            output_tokens_per_s=tokens / seconds, goodput=sum(1 for r in done if met.met_by(r)) / seconds,
-            ttft=float(np.quantile(ttfts, q_ttft)) if ttfts else None,
-            itl=float(np.quantile(gaps, q_itl)) if gaps else None,
-            mean_prompt_tokens=float(np.mean([p for p, _ in arrived])) if arrived else 0.0,
-            mean_output_tokens=float(np.mean([o for _, o in arrived])) if arrived else 0.0,
-            backlog_growth=(in_system[1] - in_system[0]) / seconds,
-            prefill_capacity=sum(n for _, _, n in busy) / sum(d for _, d, _ in busy) if busy else None,
-        )
+    @property
+    def in_system(self) -> int:
+        """Requests arrived and not finished (what a least-loaded balancer counts)."""
+        return len(self._live) + len(self.pending)
 
+    def window(self, seconds: float, slo: SLOTargets) -> Window:
+        return window_over([self], self.now, seconds, slo)
 
     def load(self, seconds: float) -> Load:
-        """The predictor's view of the window of `seconds` ending now, as Prometheus gives it: arrivals, their
-        prompt mix in the engine's histogram buckets, and the decodes in flight on average (as far back as the
-        run goes)."""
-        seconds = max(1e-9, min(seconds, self.now))
-        t1, t0 = self.now, self.now - seconds
-        decoding = sum(max(0.0, min(r.end or t1, t1) - max(r.first_token, t0)) for r in self.records
-                       if r.first_token is not None and r.first_token < t1 and (r.end or t1) > t0) / seconds
-        arrived = [p for a, p, _ in self.arrivals if t0 < a <= t1]
-        cumulative = {le: float(sum(1 for p in arrived if p <= le)) for le in PROMPT_BUCKETS}
-        return Load(request_rate=len(arrived) / seconds, prompts=prompts_from_buckets(cumulative, float(np.mean(arrived)) if arrived else None),
-                    running=decoding)
+        return load_over([self], self.now, seconds)
 
     def step_model(self, seconds: float) -> StepModel | None:
-        """The step-time model fitted on the steps that ended in the last `seconds` (as the tuner fits it from the
-        engines' counters)."""
-        t0 = self.now - seconds
-        rows = np.array([r[1:] for r in self.step_log[-20000:] if r[0] > t0])
-        if len(rows) == 0:
-            return None
-        return fit_moments(step_cost.terms_of(rows.T @ rows))
+        return model_over([self], self.now, seconds)
+
+
+def window_over(sims: list[Simulator], now: float, seconds: float, slo: SLOTargets) -> Window:
+    """The window of `seconds` ending `now` over these engines, measured the way Prometheus sees them: TTFT of
+    first tokens and every token gap inside the window, requests that finished inside it, the prefill capacity
+    per busy second times the engines that were busy."""
+    t1, t0 = now, now - seconds
+    records = [r for s in sims for r in s.records]
+    arrivals = [a for s in sims for a in s.arrivals]
+    done = [r for r in records if r.end is not None and t0 < r.end <= t1]
+    ttfts = [r.ttft for r in records if r.first_token is not None and t0 < r.first_token <= t1]
+    gaps = [b - a for r in records for a, b in zip(r.token_times, r.token_times[1:]) if t0 < b <= t1]
+    tokens = sum(1 for r in records for t in r.token_times if t0 < t <= t1)
+    arrived = [(p, o) for t, p, o in arrivals if t0 < t <= t1]
+    # requests in the system at t = arrived by t - finished by t
+    in_system = [sum(1 for t, _, _ in arrivals if t <= at) - sum(1 for r in records if r.end is not None and r.end <= at)
+                 for at in (t0, t1)]
+    met = SLO(ttft=slo.ttft.threshold if slo.ttft else None, itl=slo.itl.threshold if slo.itl else None,
+              itl_percentile=slo.itl.percentile * 100 if slo.itl else 99.0)
+    q_ttft = slo.ttft.percentile if slo.ttft else 0.99
+    q_itl = slo.itl.percentile if slo.itl else 0.99
+    busy = [[b for b in s.prefill_busy if t0 < b[0] <= t1] for s in sims]
+    busy_pods = sum(1 for b in busy if b)
+    flat = [b for bs in busy for b in bs]
+    return Window(
+        seconds=seconds, requests=len(done), request_rate=len(arrived) / seconds,
+        output_tokens_per_s=tokens / seconds, goodput=sum(1 for r in done if met.met_by(r)) / seconds,
+        ttft=float(np.quantile(ttfts, q_ttft)) if ttfts else None,
+        itl=float(np.quantile(gaps, q_itl)) if gaps else None,
+        mean_prompt_tokens=float(np.mean([p for p, _ in arrived])) if arrived else 0.0,
+        mean_output_tokens=float(np.mean([o for _, o in arrived])) if arrived else 0.0,
+        backlog_growth=(in_system[1] - in_system[0]) / seconds,
+        prefill_capacity=sum(n for _, _, n in flat) / sum(d for _, d, _ in flat) * busy_pods if flat else None,
+        pods=max(1, len(sims)),
+    )
+
+
+def load_over(sims: list[Simulator], now: float, seconds: float, pods: int | None = None) -> Load:
+    """The predictor's view of the window of `seconds` ending `now`, per serving engine, as Prometheus gives it: arrivals,
+    their prompt mix in histogram buckets, and the decodes in flight on average (as far back as the run goes)."""
+    seconds = max(1e-9, min(seconds, now))
+    t1, t0 = now, now - seconds
+    pods = max(1, len(sims) if pods is None else pods)  # the load is spread over the pods that serve it
+    records = [r for s in sims for r in s.records]
+    decoding = sum(max(0.0, min(r.end or t1, t1) - max(r.first_token, t0)) for r in records
+                   if r.first_token is not None and r.first_token < t1 and (r.end or t1) > t0) / seconds
+    arrived = [p for s in sims for a, p, _ in s.arrivals if t0 < a <= t1]
+    cumulative = {le: float(sum(1 for p in arrived if p <= le)) for le in PROMPT_BUCKETS}
+    return Load(request_rate=len(arrived) / seconds / pods,
+                prompts=prompts_from_buckets(cumulative, float(np.mean(arrived)) if arrived else None),
+                running=decoding / pods)
+
+
+def model_over(sims: list[Simulator], now: float, seconds: float) -> StepModel | None:
+    """The step-time model fitted on the steps that ended in the last `seconds` on these engines (as the tuner fits
+    it from the engines' counters)."""
+    t0 = now - seconds
+    rows = np.array([r[1:] for s in sims for r in s.step_log[-20000:] if r[0] > t0])
+    if len(rows) == 0:
+        return None
+    return fit_moments(step_cost.terms_of(rows.T @ rows))
 
 
 class SimMeasurer:
