@@ -42,3 +42,9 @@ def test_a_slow_host_gets_shorter_long_prompts_that_some_knobs_can_serve():
     assert best.itl_p99 <= 0.9 * config.itl_slo and best.utilization <= sizing.TARGET_UTILIZATION
     assert config.shapes(scale)["rag"].prompt[1] < config.shapes(1.0)["rag"].prompt[1]
     assert config.shapes(scale)["chat"] == config.shapes(1.0)["chat"]  # chat is not touched
+
+
+def test_a_failed_probe_keeps_the_configured_load():
+    said = []
+    out = sizing.size(CONFIG, ["http://127.0.0.1:1"], "http://127.0.0.1:1", 'job="x"', SPACE, say=said.append)
+    assert out == CONFIG and "keeping the configured prompt lengths" in said[-1], said

@@ -231,3 +231,28 @@ def test_coordinated_beats_replicas_only_on_the_ramp():
     assert coordinated.replica_seconds <= 0.9 * cheapest, (coordinated.replica_seconds, cheapest)
     startup = run_policy("replicas", ramp, default(), scaling=scaling, settings=settings, queue_target=0.5)
     assert startup.attainment < 0.95 < coordinated.attainment
+
+
+def test_a_trial_whose_window_saw_the_replicas_change_is_failed_not_told():
+    scaler = FakeScaler(spec=2)
+
+    class ScalesDuringTheWindow(CountingMeasurer):
+        def measure(self, seconds: float) -> Window:
+            if seconds == 20:  # the whole window (not the probe): someone scaled meanwhile
+                scaler.spec = scaler.ready = 3
+            return Window(seconds=seconds, requests=30, request_rate=1.5, output_tokens_per_s=30.0, goodput=1.5,
+                          ttft=1.0, itl=0.1)
+
+    loop = loop_with(scaler, policy=ScalingPolicy(mode="recommend"), measurer=ScalesDuringTheWindow())
+    # settled from the start: the first iteration is a trial, and the replicas change during its window
+    assert loop.iterate() == "scaling" and "changed during the window" in loop.state.reason
+    assert not loop.study.completed()
+    assert loop.iterate() == "scaling" and "warm-up" in loop.state.reason  # and the next window is a warm-up
+
+
+def test_a_breached_window_adds_a_pod_whatever_the_model_says():
+    scaler = Autoscaler(POLICY)
+    calm = scaler.decide(context(0.5, pods=2), KNOBS, SLO, 2, now=0)
+    assert calm.recommendation == 1  # the model says one pod would do
+    breached = Autoscaler(POLICY).decide(context(0.5, pods=2), KNOBS, SLO, 2, now=0, breached=True)
+    assert breached.recommendation == 3 and breached.desired == 3 and "broke an SLO" in breached.reason

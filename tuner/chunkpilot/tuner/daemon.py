@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import kopf
@@ -144,8 +145,6 @@ class StatusScaler:
     HPA_CHECK_SECONDS = 30.0
 
     def __init__(self, kube: Kube, namespace: str, name: str, clock=None) -> None:
-        import time
-
         self.kube, self.namespace, self.name = kube, namespace, name
         self._clock = clock or time.monotonic
         self._checked: float | None = None

@@ -149,37 +149,6 @@ class Fleet:
         return self.records()
 
 
-class FleetMeasurer:
-    def __init__(self, fleet: Fleet, slo: SLOTargets) -> None:
-        self.fleet, self.slo = fleet, slo
-
-    def check(self) -> None:
-        pass
-
-    def wait(self, seconds: float) -> None:
-        self.fleet.advance(self.fleet.now + seconds)
-
-    def measure(self, seconds: float) -> Window:
-        return self.fleet.window(seconds, self.slo)
-
-    def context(self, seconds: float) -> Context | None:
-        return self.fleet.context(seconds)
-
-
-class FleetActuator:
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-
-    def apply(self, knobs: Knobs) -> int:
-        return self.fleet.set_knobs(knobs)
-
-    def applied(self, generation: int) -> bool:
-        return self.fleet.generation >= generation
-
-    def current(self) -> Knobs:
-        return self.fleet.knobs
-
-
 class FleetScaler:
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet

@@ -18,7 +18,8 @@ from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.sim.costmodel import StepCost
-from chunkpilot.tuner.sim.fleet import Fleet, FleetActuator, FleetMeasurer, FleetScaler, QueueScaler
+from chunkpilot.tuner.sim.fleet import Fleet, FleetScaler, QueueScaler
+from chunkpilot.tuner.sim.simulator import SimActuator, SimMeasurer
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import TunerState
 from chunkpilot.tuner.study import TunerStudy
@@ -98,7 +99,7 @@ def _tuned(ramp: Ramp, cost: StepCost, fleet: Fleet, settings: TunerSettings, sc
            seed: int) -> list[tuple[float, int, int]]:
     slo = ramp.slo()
     study = TunerStudy(":memory:", "scaling", SPACE, slo, settings.objective, seed=seed)
-    loop = TunerLoop(settings, SPACE, study, FleetActuator(fleet), FleetMeasurer(fleet, slo), _Quiet(), slo,
+    loop = TunerLoop(settings, SPACE, study, SimActuator(fleet), SimMeasurer(fleet, slo), _Quiet(), slo,
                      scaler=FleetScaler(fleet) if scaling else None, scaling=scaling, clock=lambda: fleet.now)
     knobs = [(0.0, fleet.knobs.token_budget, fleet.knobs.max_chunk)]
     fleet.advance(settings.warmup + settings.window)  # Prometheus holds the minutes before the tuner starts

@@ -136,6 +136,15 @@ class Simulator:
     def step_model(self, seconds: float) -> StepModel | None:
         return model_over([self], self.now, seconds)
 
+    def context(self, seconds: float):
+        """The step-time model fitted on the window's steps and the window's load (one pod)."""
+        from chunkpilot.tuner.guide import Context
+
+        load, model = self.load(seconds), self.step_model(seconds)
+        if not load.prompts or model is None:
+            return None
+        return Context(model=model, load=load, pods=1)
+
 
 def window_over(sims: list[Simulator], now: float, seconds: float, slo: SLOTargets) -> Window:
     """The window of `seconds` ending `now` over these engines, measured the way Prometheus sees them: TTFT of
@@ -199,6 +208,8 @@ def model_over(sims: list[Simulator], now: float, seconds: float) -> StepModel |
 
 
 class SimMeasurer:
+    """Measurer for TunerLoop on a Simulator, or on a fleet of them (sim/fleet.py: the same methods)."""
+
     def __init__(self, sim: Simulator, slo: SLOTargets) -> None:
         self.sim, self.slo = sim, slo
 
@@ -212,17 +223,12 @@ class SimMeasurer:
         return self.sim.window(seconds, self.slo)
 
     def context(self, seconds: float):
-        """The step-time model fitted on the window's steps and the window's load (one pod)."""
-        from chunkpilot.tuner.guide import Context
-
-        load = self.sim.load(seconds)
-        model = self.sim.step_model(seconds)
-        if not load.prompts or model is None:
-            return None
-        return Context(model=model, load=load, pods=1)
+        return self.sim.context(seconds)
 
 
 class SimActuator:
+    """Actuator for TunerLoop on a Simulator or a fleet (both hold knobs and a generation)."""
+
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
 
