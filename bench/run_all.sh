@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${CHUNKPILOT_VENV:-.venv}/bin/python
-for b in chunk_overhead roofline stall vs_transformers; do
+for b in chunk_overhead roofline stall vs_transformers tensor_parallel; do
     echo "== $b"
     "$PY" "bench/$b.py" "$@"
 done

@@ -30,9 +30,10 @@ def make_tokenizer(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>", "chat_template": template}))
 
 
-def make_checkpoint(folder: Path, arch: str, *, legacy_config: bool = False, sharded: bool = False, seed: int = 0) -> Path:
+def make_checkpoint(folder: Path, arch: str, *, legacy_config: bool = False, sharded: bool = False, seed: int = 0,
+                    **sizes) -> Path:
     """arch: llama | llama3 (llama3 rope scaling) | mistral | qwen2. `sharded` writes several safetensors files
-    and an index, as large checkpoints come."""
+    and an index, as large checkpoints come. `sizes` override the config (e.g. num_key_value_heads=1)."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -42,6 +43,7 @@ def make_checkpoint(folder: Path, arch: str, *, legacy_config: bool = False, sha
         num_key_value_heads=2, max_position_embeddings=512, eos_token_id=0, bos_token_id=None, pad_token_id=None,
         tie_word_embeddings=arch == "qwen2",
     )
+    common.update(sizes)
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=500.0))
     elif arch == "llama3":

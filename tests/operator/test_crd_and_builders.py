@@ -136,6 +136,35 @@ def test_pods_are_locked_down_and_probed():
     assert gc["initContainers"][0]["name"] == "download-model"
 
 
+def test_tensor_parallel_size_reaches_the_engine_with_a_memory_backed_dev_shm():
+    gpu = b.deployment(load(GPU), SAMPLE_SETTINGS)["spec"]["template"]["spec"]
+    c = gpu["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["CHUNKPILOT_TENSOR_PARALLEL_SIZE"] == "4" and env["CHUNKPILOT_DEVICE"] == "cuda"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": b.SHM_SIZE_LIMIT}} in gpu["volumes"]
+    # default: the GPU count; one GPU (or the CPU) gets no dshm volume
+    obj = load(GPU)
+    obj.spec.engine.tensor_parallel_size = None
+    assert obj.spec.engine.effective_tensor_parallel_size == 4
+    obj.spec.engine.resources.gpus = 1
+    one = b.deployment(obj, SAMPLE_SETTINGS)["spec"]["template"]["spec"]
+    assert {e["name"]: e.get("value") for e in one["containers"][0]["env"]}["CHUNKPILOT_TENSOR_PARALLEL_SIZE"] == "1"
+    assert not any(v["name"] == "dshm" for v in one["volumes"])
+    cpu = b.deployment(load(SMOL))["spec"]["template"]["spec"]
+    assert {e["name"]: e.get("value") for e in cpu["containers"][0]["env"]}["CHUNKPILOT_TENSOR_PARALLEL_SIZE"] == "1"
+
+
+@pytest.mark.parametrize("gpus, tp, ok", [(4, 4, True), (4, 2, True), (8, 4, True), (4, 3, False), (2, 4, False),
+                                          (0, 2, False), (0, 1, True), (4, None, True)])
+def test_cel_checks_that_the_gpus_divide_by_the_tensor_parallel_size(gpus, tp, ok):
+    engine_schema = openapi_schema()["properties"]["spec"]["properties"]["engine"]
+    (rule,) = engine_schema["x-kubernetes-validations"]
+    engine = {"resources": {"gpus": gpus}} | ({"tensorParallelSize": tp} if tp is not None else {})
+    assert _cel_ok(rule["rule"], engine) is ok
+    assert "divide evenly by tensorParallelSize" in rule["message"]
+
+
 def test_knob_change_touches_only_the_configmap():
     obj = load(SMOL)
     before = b.desired_objects(obj)

@@ -298,6 +298,14 @@ def test_admission_defaults_cel_and_pruning(cluster):
     with pytest.raises(ApiException) as bad:
         k.create(sample("mu", NS, model__source="s3://bucket/model"))
     assert bad.value.status == 422 and "spec.model.source" in message(bad.value)
+    with pytest.raises(ApiException) as bad:  # 4 GPUs cannot be split into ranks of 3
+        k.create(sample("xi", NS, engine__resources={"gpus": 4}, engine__tensorParallelSize=3))
+    assert bad.value.status == 422 and "divide evenly by tensorParallelSize" in message(bad.value)
+    split = k.create(sample("omicron", NS, engine__resources={"gpus": 4}, engine__tensorParallelSize=2))
+    assert split["spec"]["engine"]["tensorParallelSize"] == 2
+    k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", "omicron")
+    k.create(sample("pi", NS, engine__tensorParallelSize=None))  # null: the default (the GPU count)
+    k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", "pi")
     with pytest.raises(ApiException) as bad:  # CEL on update too
         k.patch("kappa", {"spec": {"scheduler": {"maxChunk": 512}}}, NS)
     assert bad.value.status == 422 and "maxChunk must be <= tokenBudget" in message(bad.value)

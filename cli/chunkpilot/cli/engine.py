@@ -27,6 +27,7 @@ def generate(
     device: str = typer.Option("auto", help="cpu | cuda | cuda:N | auto."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
     attention_backend: str = typer.Option("auto", help="auto | sdpa | varlen (FlashAttention on CUDA, checked at start-up)."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", envvar="CHUNKPILOT_TENSOR_PARALLEL_SIZE", help="GPUs (ranks) to split the model across; the engine starts its own worker processes."),
 ) -> None:
     """Generate text offline with the engine and print it, with tokens/s."""
     from chunkpilot.engine import LLM, SamplingParams
@@ -35,6 +36,7 @@ def generate(
         llm = LLM(
             str(model), token_budget=token_budget, max_chunk=max_chunk, max_num_seqs=min(max_num_seqs, token_budget),
             dtype=dtype, device=device, threads=threads, attention_backend=attention_backend,
+            tensor_parallel_size=tensor_parallel_size,
         )
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         t0 = time.perf_counter()
@@ -51,10 +53,11 @@ def generate(
     n = sum(len(o.token_ids) for o in outs)
     import torch
 
+    llm.engine.close()
     typer.echo(
         f"[{n} tokens in {elapsed:.2f}s = {n / elapsed:.1f} tokens/s; device={llm.engine.device}, "
         f"dtype={str(llm.engine.dtype).removeprefix('torch.')}, threads={torch.get_num_threads()}, "
-        f"attention={llm.engine.attention_backend}]",
+        f"attention={llm.engine.attention_backend}, tensor_parallel_size={tensor_parallel_size}]",
         err=True,
     )
 
@@ -86,6 +89,8 @@ def serve(
     device: str = typer.Option("auto", envvar=_env("DEVICE"), help="cpu | cuda | cuda:N | auto."),
     threads: Optional[int] = typer.Option(None, envvar=_env("THREADS"), help="CPU threads for torch."),
     attention_backend: str = typer.Option("auto", envvar=_env("ATTENTION_BACKEND"), help="auto | sdpa | varlen."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", envvar=_env("TENSOR_PARALLEL_SIZE"), help="GPUs (ranks) to split the model across, Megatron-style; the engine starts ranks 1..N-1 as its own processes in the container. Must divide the attention heads and the MLP width."),
+    tensor_parallel_timeout: float = typer.Option(120.0, envvar=_env("TENSOR_PARALLEL_TIMEOUT"), help="Seconds a collective between ranks may take (more than the slowest step); a rank that hangs longer makes the engine exit non-zero, so the pod restarts."),
     grace_period: float = typer.Option(30.0, envvar=_env("GRACE_PERIOD"), help="Seconds in-flight requests may finish after SIGTERM."),
     max_request_bytes: Optional[int] = typer.Option(None, envvar=_env("MAX_REQUEST_BYTES"), help="Largest request body; larger ones get HTTP 413 before they are parsed (default: 64 bytes per token of max-model-len, at least 1 MiB)."),
     stream_write_timeout: float = typer.Option(30.0, envvar=_env("STREAM_WRITE_TIMEOUT"), help="Seconds a stream may wait on a client that reads nothing before it is aborted and its slot freed."),
@@ -106,6 +111,7 @@ def serve(
             kv_cache_memory_gb=kv_cache_memory_gb, gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, seed=seed, threads=threads,
             attention_backend=attention_backend, max_token_budget=max_token_budget,
+            tensor_parallel_size=tensor_parallel_size, tensor_parallel_timeout=tensor_parallel_timeout,
         )
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)

@@ -77,6 +77,8 @@ class AsyncEngine:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self._prepare.shutdown(wait=False, cancel_futures=True)
+        # tensor-parallel workers: a step loop still inside a step may be inside a collective, so kill them then
+        self.engine.close(force=self._thread.is_alive())
 
     def stalled(self, timeout: float) -> bool:
         """The step loop has not come round for `timeout` seconds (it comes round every 0.5 s when idle): a step

@@ -27,6 +27,12 @@ class EngineConfig:
     # Largest token budget the knobs file may set. None: what the device's memory allows (activation_memory.py),
     # at most max_num_seqs x max_model_len.
     max_token_budget: int | None = None
+    # Ranks (GPUs) one engine splits the model across; the engine starts ranks 1..N-1 itself (tp_worker.py).
+    tensor_parallel_size: int = 1
+    # Seconds a collective between ranks may take before the engine gives up on a hung rank and exits non-zero
+    # (longer than the slowest step), and how long the ranks may take to load their weights and meet.
+    tensor_parallel_timeout: float = 120.0
+    tensor_parallel_join_timeout: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -50,5 +56,10 @@ class EngineConfig:
             )
         if self.attention_backend not in ("auto", "sdpa", "varlen"):
             raise ValueError(f"attention_backend must be auto, sdpa or varlen, got {self.attention_backend!r}")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
+        for name in ("tensor_parallel_timeout", "tensor_parallel_join_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
             raise ValueError(f"gpu_memory_utilization must be in [0.05, 0.99], got {self.gpu_memory_utilization}")

@@ -17,7 +17,8 @@ Prompt = str | list[int]
 
 class LLM:
     def __init__(self, model: str, **engine_settings: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_settings))
+        # A failed tensor-parallel rank raises from generate() here; it does not end the caller's process.
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_settings), exit_on_rank_failure=False)
         self._ids = itertools.count()
 
     @property

@@ -12,31 +12,28 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
-from chunkpilot.engine.activation_memory import activation_bytes_per_token, cuda_headroom, max_token_budget
-from chunkpilot.engine.attention import choose_backend
+from chunkpilot.engine.activation_memory import activation_bytes_per_token
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
-from chunkpilot.engine.kv_cache import KVCache, blocks_for_memory
-from chunkpilot.engine.model import LlamaModel
 from chunkpilot.engine.model_config import ModelConfig
-from chunkpilot.engine.model_runner import ModelRunner
 from chunkpilot.engine.outputs import RequestOutput, TokenLogprob
-from chunkpilot.engine.sampler import Sampler
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import FinishReason, Sequence
 from chunkpilot.engine.step_cost import step_features
 from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from chunkpilot.engine.weights import load_weights
+from chunkpilot.engine.tp_group import TPGroup
+from chunkpilot.engine.tp_shard import check_tensor_parallel
+from chunkpilot.engine.tp_worker import RankFailedError, WorkerProcesses
+from chunkpilot.engine.worker import RankMemory, Worker, resolve_device
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -51,34 +48,37 @@ class StepStats:
     features: tuple[float, ...] = ()  # chunkpilot.engine.step_cost.step_features of the step
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        if device.type == "cpu":
-            return torch.float32
-        return _DTYPES.get(model_cfg.dtype, torch.bfloat16)
-    return _DTYPES[name]
-
-
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, exit_on_rank_failure: bool = True) -> None:
+        """`exit_on_rank_failure`: under tensor parallelism, a rank that dies or hangs exits the process
+        non-zero (a server: the pod restarts); False raises RankFailedError from `step` instead."""
         self.config = config
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.device = resolve_device(config.device)
         self.model_config = ModelConfig.from_dir(config.model)
-        self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
+        check_tensor_parallel(self.model_config, config.tensor_parallel_size)  # before any process starts
         self.tokenizer = Tokenizer(config.model)
-        self.max_model_len = config.max_model_len or min(self.model_config.max_position_embeddings, 8192)
-        self.model = self._load_model()
-        self.kv_cache = KVCache(self.model_config, self._num_blocks(), config.block_size, self.dtype, self.device)
+        self._workers: WorkerProcesses | None = None
+        group = TPGroup(0, config.tensor_parallel_size)
+        store = None
+        try:
+            if group.distributed:
+                resolve_device(config.device, 0, group.world)  # a missing GPU is said here, not by N crashes
+                store = TPGroup.host_store(group.world, config.tensor_parallel_join_timeout)
+                self._workers = WorkerProcesses(config, group.world, store.port,
+                                                exit_on_failure=exit_on_rank_failure)
+            self.worker = Worker(config, self.model_config, group, store)
+            self.rank_memory: list[RankMemory] = group.gather_objects(self.worker.memory)
+        except BaseException:
+            if self._workers is not None:
+                self._workers.kill()
+            raise
+        self.group = group
+        self.device, self.dtype = self.worker.device, self.worker.dtype
+        self.max_model_len = self.worker.max_model_len
+        self.model, self.kv_cache, self.runner = self.worker.model, self.worker.kv_cache, self.worker.runner
+        self.sampler = self.runner.sampler
+        self.attention_backend = self.worker.attention_backend
         self.block_manager = BlockManager(
             self.kv_cache.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -91,9 +91,6 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs
         )
-        self.sampler = Sampler(self.device, config.seed)
-        self.attention_backend = choose_backend(config.attention_backend, self.device, self.dtype, config.block_size)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, self.sampler, self.attention_backend)
         self._pending: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._pending_adds = 0  # submitted, not yet in the scheduler (admission counts them as waiting)
         self._pending_lock = threading.Lock()
@@ -104,28 +101,32 @@ class LLMEngine:
         gc.collect()
         gc.freeze()
         atexit.register(gc.unfreeze)  # let interpreter shutdown free them as usual (extensions check for leaks)
+        # Stops the workers when the engine is collected or the interpreter exits, without keeping it alive.
+        self._finalizer = weakref.finalize(self, _stop_workers, self._workers, group, False)
+
+    def close(self, *, force: bool = False) -> None:
+        """Stop the tensor-parallel workers: they finish and exit 0. `force` kills them instead (the step loop
+        may still be inside a collective). Idempotent."""
+        if self._workers is not None:
+            self._finalizer.detach()
+            _stop_workers(self._workers, self.group, force)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of ranks 1..N-1 (empty without tensor parallelism)."""
+        return self._workers.pids if self._workers is not None else []
 
     # ---- construction -----------------------------------------------------------------------------------
-    def _load_model(self) -> LlamaModel:
-        with torch.device("meta"):
-            model = LlamaModel(self.model_config)
-        model = model.to_empty(device=self.device).to(self.dtype)
-        if self.model_config.tie_word_embeddings:  # to_empty makes new tensors: tie them again
-            model.lm_head.weight = model.embed_tokens.weight
-        load_weights(model, self.config.model)
-        return model.eval()
-
     def _max_token_budget(self) -> int:
         """No step can use more than every running sequence's whole context, nor more activations than the GPU
         has left after weights and KV cache; a larger budget (a typo in a knobs file, a tuner bound) could only
         run the device out of memory and kill the step loop."""
         cfg = self.config
         bound = cfg.max_num_seqs * self.max_model_len
-        if self.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.device)[0]  # weights and KV cache are allocated by now
-            fits = max_token_budget(self.model_config, self.dtype, cuda_headroom(free))
+        fits = self.worker.activation_fit  # the smallest over the ranks; None on the CPU
+        if fits is not None:
             if cfg.token_budget > fits:
-                need = activation_bytes_per_token(self.model_config, self.dtype) * cfg.token_budget / 2**30
+                need = activation_bytes_per_token(self.model_config, self.dtype, self.worker.shard) * cfg.token_budget / 2**30
                 raise ValueError(f"--token-budget {cfg.token_budget} needs about {need:.1f} GiB of activations, but "
                                  f"this GPU has room for {fits} tokens after weights and KV cache: lower "
                                  "--token-budget or --gpu-memory-utilization")
@@ -136,24 +137,6 @@ class LLMEngine:
         if cfg.max_token_budget is not None:
             bound = min(bound, cfg.max_token_budget)
         return max(bound, cfg.token_budget)
-
-    def _num_blocks(self) -> int:
-        cfg, bs = self.config, self.config.block_size
-        if cfg.num_kv_blocks is not None:
-            n = cfg.num_kv_blocks
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = int(total * cfg.gpu_memory_utilization) - (total - free)
-            n = blocks_for_memory(self.model_config, self.dtype, bs, budget)
-        else:
-            gb = cfg.kv_cache_memory_gb if cfg.kv_cache_memory_gb is not None else 1.0
-            n = blocks_for_memory(self.model_config, self.dtype, bs, int(gb * 2**30))
-        if n * bs < self.max_model_len:
-            raise ValueError(
-                f"the KV cache holds {n * bs} tokens, less than one sequence of max_model_len={self.max_model_len}: "
-                "give it more memory (--kv-cache-memory-gb / --gpu-memory-utilization) or lower --max-model-len"
-            )
-        return n
 
     # ---- requests ---------------------------------------------------------------------------------------
     def make_sequence(
@@ -264,7 +247,7 @@ class LLMEngine:
         for chunk in sched.chunks:
             if chunk.seq.first_scheduled_time is None:
                 chunk.seq.first_scheduled_time = now
-        result = self.runner.execute(sched)
+        result = self._execute(sched)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_step = StepStats(
@@ -274,6 +257,19 @@ class LLMEngine:
         for seq in self.scheduler.update(sched, result):
             outputs.append(self._advance(seq, result.logprobs.get(seq.request_id)))
         return outputs
+
+    def _execute(self, sched):
+        workers = self._workers
+        if workers is None:
+            return self.runner.execute(sched)
+        if workers.failure:
+            raise RankFailedError(workers.failure)
+        try:
+            return self.runner.execute(sched)
+        except Exception as e:  # a collective failed or timed out (a rank is dead or hung), or rank 0 failed
+            # mid-step: the ranks are out of step with each other and only a restart brings them back
+            workers.fail(f"a tensor-parallel collective failed ({e})")
+            raise RankFailedError(workers.failure) from e
 
     def _advance(self, seq: Sequence, logprob) -> RequestOutput:
         _, detok = self._live[seq.request_id]
@@ -302,3 +298,17 @@ class LLMEngine:
             num_output_tokens=len(seq.output_token_ids),
             num_cached_tokens=seq.num_cached_tokens,
         )
+
+
+def _stop_workers(workers: WorkerProcesses | None, group: TPGroup, force: bool) -> None:
+    if workers is None or workers.stopped:
+        return
+    if not force:
+        try:
+            group.broadcast(None)
+        except Exception:  # a rank already gone: kill the rest
+            force = True
+    if force:
+        workers.kill()
+    workers.stop()
+    group.close()

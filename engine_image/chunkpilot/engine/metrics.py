@@ -47,6 +47,11 @@ SCHEDULER_KNOB_ERRORS = PREFIX + "scheduler_knob_errors_total"
 # Sums of products of each step's cost features and its seconds (chunkpilot.engine.step_cost), label `term`.
 STEP_COST_MOMENTS = PREFIX + "step_cost_moments_total"
 STEP_COST_TERM_LABEL = "term"
+# Tensor parallelism: the ranks of one engine, and what each holds (label `rank`).
+TENSOR_PARALLEL_SIZE = PREFIX + "tensor_parallel_size"
+RANK_WEIGHT_BYTES = PREFIX + "rank_weight_bytes"
+RANK_KV_CACHE_BYTES = PREFIX + "rank_kv_cache_bytes"
+RANK_LABEL = "rank"
 
 MODEL_LABEL = "model_name"
 
@@ -55,7 +60,8 @@ ALL_NAMES = (
     ITERATION_TOKENS, NUM_RUNNING, NUM_WAITING, KV_CACHE_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS,
     PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS, REQUESTS_REJECTED, PREFILL_BUSY_SECONDS,
     PREFILL_COMPUTED_TOKENS, SCHEDULER_TOKEN_BUDGET,
-    SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS, STEP_COST_MOMENTS,
+    SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS, STEP_COST_MOMENTS, TENSOR_PARALLEL_SIZE,
+    RANK_WEIGHT_BYTES, RANK_KV_CACHE_BYTES,
 )
 HISTOGRAMS = (TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS,
               REQUEST_GENERATION_TOKENS, ITERATION_TOKENS)
@@ -142,6 +148,18 @@ class EngineMetrics:
         self.step_moments = StepMoments()
         r.register(_StepMomentsCollector(self.step_moments, model_name))
         self.knob_errors = counter(SCHEDULER_KNOB_ERRORS, "Knob updates refused (bad file, out of range); last good knobs kept.")
+        self.tensor_parallel_size = gauge(TENSOR_PARALLEL_SIZE, "Ranks (GPUs) the engine splits the model across.")
+        self._rank_weights = Gauge(RANK_WEIGHT_BYTES, "Bytes of model weights one tensor-parallel rank holds.",
+                                   [MODEL_LABEL, RANK_LABEL], registry=r)
+        self._rank_kv = Gauge(RANK_KV_CACHE_BYTES, "Bytes of KV cache one tensor-parallel rank holds (its KV heads).",
+                              [MODEL_LABEL, RANK_LABEL], registry=r)
+
+    def publish_ranks(self, memories) -> None:
+        """memories: the engine's RankMemory of every rank, read once at start-up."""
+        self.tensor_parallel_size.set(len(memories))
+        for m in memories:
+            self._rank_weights.labels(self.model_name, str(m.rank)).set(m.weight_bytes)
+            self._rank_kv.labels(self.model_name, str(m.rank)).set(m.kv_cache_bytes)
 
 
 class _StepMomentsCollector:

@@ -2,6 +2,10 @@
 
 q/k/v and gate/up are fused into one matmul each (fewer, larger GEMMs); the weight loader fills the fused
 parameters slice by slice from the checkpoint's separate tensors.
+
+Under tensor parallelism each rank builds the same modules at its shard's sizes (tp_shard.py): its query and KV
+heads, its slice of the MLP and of the vocabulary. The group's all-reduce after o_proj and down_proj (and after
+the embedding lookup) makes every rank's residual stream the whole model's; with one rank it is a no-op.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from torch import nn
 from chunkpilot.engine.attention import AttentionMetadata, paged_attention, write_kv
 from chunkpilot.engine.model_config import ModelConfig
 from chunkpilot.engine.rope import apply_rope
+from chunkpilot.engine.tp_group import TPGroup
+from chunkpilot.engine.tp_shard import TPShard, whole
 
 
 class RMSNorm(nn.Module):
@@ -30,15 +36,16 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, shard: TPShard, group: TPGroup) -> None:
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
+        self.group = group
+        self.num_heads = shard.heads
+        self.num_kv_heads = shard.kv_heads
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias and shard.owns_bias)
         self.scale = self.head_dim**-0.5
 
     def forward(
@@ -50,28 +57,29 @@ class Attention(nn.Module):
         k = apply_rope(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
         write_kv(cache, k, v.view(t, self.num_kv_heads, self.head_dim), meta.slot_mapping)
         o = paged_attention(q, cache, meta, self.scale)
-        return self.o_proj(o.reshape(t, self.q_size))
+        return self.group.all_reduce(self.o_proj(o.reshape(t, self.q_size)))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, shard: TPShard, group: TPGroup) -> None:
         super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.group = group
+        self.intermediate = shard.intermediate
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * shard.intermediate, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(shard.intermediate, cfg.hidden_size, bias=cfg.mlp_bias and shard.owns_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.group.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, shard: TPShard, group: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, shard, group)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, shard, group)
 
     def forward(self, h, cos, sin, cache, meta):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, meta)
@@ -79,13 +87,16 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, shard: TPShard | None = None, group: TPGroup | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.shard = shard = shard or whole(cfg)
+        self.group = group = group or TPGroup.solo()
+        # Vocab-parallel: this rank's rows of the vocabulary (the padding rows of the last slice stay zero).
+        self.embed_tokens = nn.Embedding(shard.vocab_rows, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, shard, group) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, shard.vocab_rows, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -99,10 +110,21 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids: [T]; cos/sin: [T, 1, head_dim]; kv_caches: [layers, 2, slots, kv_heads, head_dim].
         Returns the final hidden states [T, hidden]."""
-        h = self.embed_tokens(input_ids)
+        h = self._embed(input_ids)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv_caches[i], meta)
         return self.norm(h)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not self.group.distributed:
+            return self.embed_tokens(input_ids)
+        # Each rank looks up the ids in its slice and contributes zeros for the others; the sum is the lookup.
+        local = input_ids - self.shard.vocab_start
+        mine = (local >= 0) & (local < self.shard.vocab_end - self.shard.vocab_start)
+        h = self.embed_tokens(torch.where(mine, local, 0)) * mine.unsqueeze(-1).to(self.embed_tokens.weight.dtype)
+        return self.group.all_reduce(h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[S, vocab] float32 logits on rank 0; None on the other ranks (they only send their slices). Every rank
+        must call it for the same rows."""
+        return self.group.gather_vocab(self.lm_head(hidden).float(), self.config.vocab_size)

@@ -1,5 +1,8 @@
 """Runs one scheduler step on the model: flatten every scheduled chunk into one batch, build the paged-attention
-metadata once, one forward, logits only at the positions that sample, then the sampler."""
+metadata once, one forward, logits only at the positions that sample, then the sampler.
+
+`execute` runs on rank 0 (it owns the scheduler and the sampler); `forward` runs on every rank from the step's
+plan, which rank 0 broadcasts first under tensor parallelism."""
 
 from __future__ import annotations
 
@@ -11,14 +14,17 @@ from chunkpilot.engine.kv_cache import KVCache
 from chunkpilot.engine.model import LlamaModel
 from chunkpilot.engine.rope import cos_sin_table
 from chunkpilot.engine.sampler import Sampler
-from chunkpilot.engine.scheduler import RunnerOutput, ScheduledChunk, SchedulerOutput
+from chunkpilot.engine.scheduler import RunnerOutput, SchedulerOutput
+from chunkpilot.engine.step_plan import PlannedChunk, StepPlan, plan_of
 
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, kv_cache: KVCache, max_model_len: int, sampler: Sampler, backend: str = "sdpa"
+        self, model: LlamaModel, kv_cache: KVCache, max_model_len: int, sampler: Sampler | None = None,
+        backend: str = "sdpa",
     ) -> None:
         self.model = model
+        self.group = model.group
         self.backend = backend
         self.kv_cache = kv_cache
         self.device = kv_cache.tensor.device
@@ -34,22 +40,12 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         if sched.is_empty:
             return RunnerOutput(sampled={})
-        chunks = sched.chunks
-        input_ids, positions = self._flatten(chunks)
-        meta = self._metadata(chunks, sched.num_decodes, positions)
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        hidden = self.model(input_ids, cos, sin, self.kv_cache.tensor, meta)
-
-        sampling = [c for c in chunks if c.samples]
-        if not sampling:
+        plan = plan_of(sched, self.block_size)
+        self.group.broadcast(plan)
+        logits = self.forward(plan)
+        if logits is None:
             return RunnerOutput(sampled={})
-        ends, offset = [], 0
-        for c in chunks:
-            offset += c.num_tokens
-            if c.samples:
-                ends.append(offset - 1)
-        logits = self.model.logits(hidden[torch.tensor(ends, device=self.device)])
+        sampling = [c for c in sched.chunks if c.samples]
         ids = [c.seq.request_id for c in sampling]
         tokens, logprobs = self.sampler.sample(logits, ids, [c.seq.params for c in sampling])
         return RunnerOutput(
@@ -57,17 +53,27 @@ class ModelRunner:
             logprobs={rid: lp for rid, lp in zip(ids, logprobs) if lp is not None},
         )
 
-    def _flatten(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids: list[int] = []
+    @torch.inference_mode()
+    def forward(self, plan: StepPlan) -> torch.Tensor | None:
+        """The step's forward on this rank's shard. Returns the logits of the sampling positions on rank 0;
+        None on the other ranks, and when no chunk samples."""
+        chunks = plan.chunks
+        input_ids, positions = self._flatten(chunks)
+        meta = self._metadata(chunks, plan.num_decodes, positions)
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        hidden = self.model(input_ids, cos, sin, self.kv_cache.tensor, meta)
+        ends, offset = [], 0
         for c in chunks:
-            seq = c.seq
-            n_prompt = len(seq.prompt_token_ids)
-            lo, hi = c.start, c.start + c.num_tokens
-            # Slice prompt and output separately: building seq.token_ids would copy the whole context.
-            if lo < n_prompt:
-                ids.extend(seq.prompt_token_ids[lo : min(hi, n_prompt)])
-            if hi > n_prompt:
-                ids.extend(seq.output_token_ids[max(lo, n_prompt) - n_prompt : hi - n_prompt])
+            offset += c.num_tokens
+            if c.samples:
+                ends.append(offset - 1)
+        if not ends:  # the same on every rank: the plan is the same
+            return None
+        return self.model.logits(hidden[torch.tensor(ends, device=self.device)])
+
+    def _flatten(self, chunks: list[PlannedChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = [t for c in chunks for t in c.token_ids]
         starts = torch.tensor([c.start for c in chunks])
         counts = torch.tensor([c.num_tokens for c in chunks])
         # positions = concatenated arange(start, start + n) for every chunk, without a Python loop per token
@@ -78,7 +84,7 @@ class ModelRunner:
             positions.to(self.device),
         )
 
-    def _metadata(self, chunks: list[ScheduledChunk], num_decodes: int, positions: torch.Tensor) -> AttentionMetadata:
+    def _metadata(self, chunks: list[PlannedChunk], num_decodes: int, positions: torch.Tensor) -> AttentionMetadata:
         if self.backend == "varlen":
             return self._varlen_metadata(chunks, positions)
         counts = torch.tensor([c.num_tokens for c in chunks], device=self.device)
@@ -104,12 +110,11 @@ class ModelRunner:
         groups[0].covers_all = len(parts) == 1 and len({c.num_tokens for c in chunks}) == 1
         return AttentionMetadata(slot_mapping=slot_mapping, groups=groups, block_size=self.block_size)
 
-    def _block_table(self, chunks: list[ScheduledChunk], ctx_max: int) -> torch.Tensor:
+    def _block_table(self, chunks: list[PlannedChunk], ctx_max: int) -> torch.Tensor:
         bs = self.block_size
         table = torch.zeros(len(chunks), -(-ctx_max // bs), dtype=torch.long)
         for i, c in enumerate(chunks):  # one row per sequence, one entry per block (not per token)
-            bt = c.seq.block_table[: -(-(c.start + c.num_tokens) // bs)]
-            table[i, : len(bt)] = torch.tensor(bt, dtype=torch.long)
+            table[i, : len(c.block_table)] = torch.tensor(c.block_table, dtype=torch.long)
         return table.to(self.device)
 
     def _slot_mapping(self, table: torch.Tensor, counts: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -117,7 +122,7 @@ class ModelRunner:
         rows = torch.repeat_interleave(torch.arange(len(table), device=self.device), counts)
         return table[rows, positions // self.block_size] * self.block_size + positions % self.block_size
 
-    def _varlen_metadata(self, chunks: list[ScheduledChunk], positions: torch.Tensor) -> AttentionMetadata:
+    def _varlen_metadata(self, chunks: list[PlannedChunk], positions: torch.Tensor) -> AttentionMetadata:
         dev, bs = self.device, self.block_size
         starts = torch.tensor([c.start for c in chunks], device=dev)
         counts = torch.tensor([c.num_tokens for c in chunks], device=dev)
@@ -135,7 +140,7 @@ class ModelRunner:
         )
         return AttentionMetadata(slot_mapping, [], varlen, bs)
 
-    def _group(self, part: list[ScheduledChunk], row_starts: torch.Tensor, table: torch.Tensor) -> AttentionGroup:
+    def _group(self, part: list[PlannedChunk], row_starts: torch.Tensor, table: torch.Tensor) -> AttentionGroup:
         """One padded batch: `row_starts` are the step rows of each chunk's first token, `table` the chunks'
         rows of the step's block table."""
         dev, bs = self.device, self.block_size
@@ -156,7 +161,7 @@ class ModelRunner:
             # prompt. A lone decode attends to every key.
             mask = causal_lower_right(q_max, ctx_max) if q_max > 1 else None
             group = AttentionGroup(query_index, query_valid, table, ctx_max, mask)
-            blocks = part[0].seq.block_table[: -(-ctx_max // bs)]
+            blocks = part[0].block_table[: -(-ctx_max // bs)]
             if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
                 group.contiguous_from = blocks[0]
             return group

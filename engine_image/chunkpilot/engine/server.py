@@ -88,6 +88,7 @@ class ServerState:
             s = self.settings
             llm_engine = LLMEngine(s.engine)
             metrics = EngineMetrics(s.model_name, llm_engine.max_model_len)
+            metrics.publish_ranks(llm_engine.rank_memory)
             engine = AsyncEngine(llm_engine, metrics, max_waiting=s.max_waiting, retry_after=s.retry_after_seconds)
             if s.knobs_file:
                 self.watcher = KnobsFileWatcher(

@@ -67,8 +67,19 @@ class LocalObjectReference(_Model):
 
 
 class EngineSpec(_Model):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
+        ("!has(self.tensorParallelSize) || (self.resources.gpus == 0 ? self.tensorParallelSize == 1 : "
+         "self.resources.gpus % self.tensorParallelSize == 0)",
+         "resources.gpus must divide evenly by tensorParallelSize (each rank runs on a GPU of its own); "
+         "without GPUs it must be 1")))
+
     image: str | None = Field(None, description="Engine image; default: the operator's --engine-image.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-pod resources.")
+    tensor_parallel_size: int | None = Field(
+        None, alias="tensorParallelSize", ge=1, le=16,
+        description="GPUs one engine splits the model across (tensor parallelism; the engine starts one worker "
+                    "process per GPU in its container). Default: resources.gpus. It must divide the model's "
+                    "attention heads; GPUs beyond it stay idle.")
     gpu_memory_utilization: float = Field(0.85, alias="gpuMemoryUtilization", ge=0.05, le=0.99,
                                           description="Fraction of GPU memory for weights plus KV cache.")
     max_num_seqs: int = Field(64, alias="maxNumSeqs", ge=1, le=4096,
@@ -85,6 +96,10 @@ class EngineSpec(_Model):
                                                            description="Secrets for pulling the engine image.")
     pod_annotations: dict[str, str] = Field(default_factory=dict, alias="podAnnotations",
                                             description="Annotations added to the engine pods.")
+
+    @property
+    def effective_tensor_parallel_size(self) -> int:
+        return self.tensor_parallel_size or max(1, self.resources.gpus)
 
 
 class SchedulerSpec(_Model):

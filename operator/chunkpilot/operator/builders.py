@@ -35,8 +35,10 @@ TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + ENGINE_GRACE_SECONDS + 5 + 15
 OPERATOR_ENGINE_SETTINGS = (
     "MODEL", "HOST", "PORT", "SERVED_MODEL_NAME", "KNOBS_FILE", "TOKEN_BUDGET", "MAX_CHUNK", "MAX_NUM_SEQS",
     "DTYPE", "DEVICE", "GPU_MEMORY_UTILIZATION", "ENABLE_PREFIX_CACHING", "MAX_MODEL_LEN", "API_KEY",
-    "GRACE_PERIOD",
+    "GRACE_PERIOD", "TENSOR_PARALLEL_SIZE",
 )
+# NCCL moves data between the ranks of one pod through /dev/shm; the container runtime's default is 64 MiB.
+SHM_SIZE_LIMIT = "2Gi"
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,7 @@ def engine_env(obj: InferenceDeployment, model_path: str,
         "CHUNKPILOT_DEVICE": "cuda" if spec.engine.resources.gpus > 0 else "cpu",
         "CHUNKPILOT_GPU_MEMORY_UTILIZATION": str(spec.engine.gpu_memory_utilization),
         "CHUNKPILOT_ENABLE_PREFIX_CACHING": "true" if spec.engine.prefix_caching else "false",
+        "CHUNKPILOT_TENSOR_PARALLEL_SIZE": str(spec.engine.effective_tensor_parallel_size),
     }
     if spec.model.max_model_len:
         env["CHUNKPILOT_MAX_MODEL_LEN"] = str(spec.model.max_model_len)
@@ -277,6 +280,10 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
                                   {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": _container_security(),
     }
+    extra_volumes = []
+    if spec.engine.effective_tensor_parallel_size > 1:
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+        extra_volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}})
     template_annotations = dict(spec.engine.pod_annotations)
     template_annotations[CONFIG_HASH] = config_hash(obj, settings)
     pod_spec = {
@@ -288,7 +295,7 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
         "containers": [container],
         "volumes": volumes + [
             {"name": "knobs", "configMap": {"name": knobs_configmap_name(name)}},
-            {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+            {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}, *extra_volumes],
         "nodeSelector": dict(spec.engine.node_selector),
         "tolerations": list(spec.engine.tolerations),
         "imagePullSecrets": [{"name": s.name} for s in spec.engine.image_pull_secrets],

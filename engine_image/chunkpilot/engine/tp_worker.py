@@ -1,0 +1,144 @@
+"""The engine's own tensor-parallel worker processes: rank 0 (the engine) starts ranks 1..N-1 inside the same
+container, so a pod needs no launcher (no torchrun, no LeaderWorkerSet).
+
+Each worker loads its shard, joins the group, then runs the forward of every plan rank 0 broadcasts until it
+receives None. Failure is never silent:
+* a worker that dies (OOM-killed, segfault, kill -9) is seen by rank 0's watchdog within a second, and the engine
+  exits non-zero, so Kubernetes restarts the pod;
+* a worker that hangs makes rank 0's next collective time out (`tensor_parallel_timeout`), which exits the same
+  way;
+* if rank 0 dies, its workers notice within a second (they are re-parented) and exit; their collectives would
+  fail anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+# The status an engine exits with when a rank failed: restart the pod.
+RANK_FAILED_EXIT = 1
+
+
+class RankFailedError(RuntimeError):
+    """A tensor-parallel rank died or hung: this engine cannot step any more (offline use; a server exits)."""
+
+
+class WorkerProcesses:
+    """Ranks 1..N-1 of one engine, as child processes of rank 0. `exit_on_failure`: a failed rank ends the whole
+    process (the server: Kubernetes restarts the pod); otherwise the engine's next step raises RankFailedError
+    (the offline `LLM`, which must not take its caller's process down)."""
+
+    def __init__(self, config, world: int, store_port: int, *, exit_on_failure: bool = True) -> None:
+        self.exit_on_failure = exit_on_failure
+        self.failure: str | None = None
+        self._stopping = threading.Event()
+        payload = json.dumps(dataclasses.asdict(config))
+        self.procs = [
+            subprocess.Popen([sys.executable, "-m", "chunkpilot.engine.tp_worker", str(rank), str(world),
+                              str(store_port), payload])
+            for rank in range(1, world)
+        ]
+        self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
+        self._watchdog.start()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(0.5):
+            for rank, p in enumerate(self.procs, start=1):
+                code = p.poll()
+                if code is not None and not self._stopping.is_set():
+                    self.fail(f"tensor-parallel rank {rank} (pid {p.pid}) exited with status {code}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """After rank 0 broadcast the stop (None): wait for the workers, then kill whoever is left."""
+        self._stopping.set()
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def kill(self) -> None:
+        self._stopping.set()
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+    def fail(self, reason: str) -> None:
+        """A rank died or hung: the group cannot go on and no request can finish. Kill the other workers, then
+        exit non-zero at once (from any thread: a dead collective may never return), so Kubernetes restarts
+        the pod; or, offline, remember why for the next step to raise."""
+        self.kill()
+        if not self.exit_on_failure:
+            log.error("%s: the engine cannot step any more", reason)
+            self.failure = self.failure or reason
+            return
+        log.critical("%s: the engine exits (status %d) so that the pod restarts", reason, RANK_FAILED_EXIT)
+        logging.shutdown()
+        os._exit(RANK_FAILED_EXIT)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Exit once rank 0 is gone (this process is re-parented). Not PR_SET_PDEATHSIG: that fires when the
+    *thread* that started the worker ends, and the server starts them from its model-loading thread."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(RANK_FAILED_EXIT)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    rank, world, port = int(argv[0]), int(argv[1]), int(argv[2])
+    _die_with_parent(os.getppid())
+    # The pod's SIGTERM reaches every process: the workers leave shutdown to rank 0, which stops them.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
+    import torch
+
+    from chunkpilot.engine.config import EngineConfig
+    from chunkpilot.engine.model_config import ModelConfig
+    from chunkpilot.engine.tp_group import TPGroup
+    from chunkpilot.engine.worker import Worker
+
+    config = EngineConfig(**json.loads(argv[3]))
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    group = TPGroup(rank, world)
+    store = TPGroup.worker_store(port, world, config.tensor_parallel_join_timeout)
+    try:
+        worker = Worker(config, ModelConfig.from_dir(config.model), group, store)
+        group.gather_objects(worker.memory)
+        while (plan := group.broadcast()) is not None:
+            worker.runner.forward(plan)
+    except Exception:
+        log.exception("tensor-parallel rank %d failed", rank)
+        return RANK_FAILED_EXIT
+    group.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

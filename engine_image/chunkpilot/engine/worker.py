@@ -1,0 +1,134 @@
+"""One rank's share of the engine: its device, its model shard, its KV pool and the runner that drives them.
+
+Rank 0 builds one inside `LLMEngine` (which adds the scheduler, the sampler and the requests); under tensor
+parallelism every other rank builds the same in its own process (tp_worker.py). The sizes every rank must share
+(KV blocks, the attention backend, the token budget the memory allows) are agreed as the smallest over the ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from chunkpilot.engine.activation_memory import cuda_headroom, max_token_budget
+from chunkpilot.engine.attention import choose_backend
+from chunkpilot.engine.config import EngineConfig
+from chunkpilot.engine.kv_cache import KVCache, blocks_for_memory
+from chunkpilot.engine.model import LlamaModel
+from chunkpilot.engine.model_config import ModelConfig
+from chunkpilot.engine.model_runner import ModelRunner
+from chunkpilot.engine.sampler import Sampler
+from chunkpilot.engine.tp_group import TPGroup
+from chunkpilot.engine.tp_shard import shard_of
+from chunkpilot.engine.weights import load_weights
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str, rank: int = 0, world: int = 1) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+    if name.startswith("cuda") and world > 1:
+        if name != "cuda":
+            raise ValueError(f"device {name} names one GPU, but tensor_parallel_size {world} needs {world}: use "
+                             "--device cuda (rank r runs on cuda:r of the visible GPUs)")
+        if torch.cuda.device_count() < world:
+            raise ValueError(f"tensor_parallel_size {world} needs {world} GPUs but torch sees "
+                             f"{torch.cuda.device_count()}: request {world} GPUs for the pod or lower it")
+        return torch.device("cuda", rank)
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, model_cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        return _DTYPES.get(model_cfg.dtype, torch.bfloat16)
+    return _DTYPES[name]
+
+
+def resolve_max_model_len(config: EngineConfig, model_cfg: ModelConfig) -> int:
+    return config.max_model_len or min(model_cfg.max_position_embeddings, 8192)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """What one rank holds, in bytes: its weights (about 1/N of the model) and its KV pool."""
+
+    rank: int
+    weight_bytes: int
+    kv_cache_bytes: int
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, group: TPGroup, store=None) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.group = group
+        self.device = resolve_device(config.device, group.rank, group.world)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.dtype = resolve_dtype(config.dtype, model_config, self.device)
+        self.max_model_len = resolve_max_model_len(config, model_config)
+        self.shard = shard_of(model_config, group.rank, group.world)
+        self.model = self._load_model()
+        if group.distributed:
+            group.join(store, self.device, config.tensor_parallel_timeout, config.tensor_parallel_join_timeout)
+        num_blocks = group.agree_min(self._local_num_blocks())
+        if num_blocks * config.block_size < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {num_blocks * config.block_size} tokens, less than one sequence of "
+                f"max_model_len={self.max_model_len}: give it more memory (--kv-cache-memory-gb / "
+                "--gpu-memory-utilization) or lower --max-model-len"
+            )
+        self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device,
+                                kv_heads=self.shard.kv_heads)
+        self.attention_backend = self._agreed_backend()
+        # None on the CPU: host memory bounds nothing there that the configured bounds do not
+        fits = self._activation_fit()
+        self.activation_fit = None if fits is None else group.agree_min(fits)
+        sampler = Sampler(self.device, config.seed) if group.rank == 0 else None
+        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, sampler, self.attention_backend)
+        self.memory = RankMemory(group.rank, _param_bytes(self.model), self.kv_cache.nbytes)
+
+    def _load_model(self) -> LlamaModel:
+        with torch.device("meta"):
+            model = LlamaModel(self.model_config, self.shard, self.group)
+        model = model.to_empty(device=self.device).to(self.dtype)
+        if self.model_config.tie_word_embeddings:  # to_empty makes new tensors: tie them again
+            model.lm_head.weight = model.embed_tokens.weight
+        load_weights(model, self.config.model)
+        return model.eval()
+
+    def _local_num_blocks(self) -> int:
+        cfg, bs, heads = self.config, self.config.block_size, self.shard.kv_heads
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = int(total * cfg.gpu_memory_utilization) - (total - free)
+            return blocks_for_memory(self.model_config, self.dtype, bs, budget, heads)
+        # CPU: the configured memory is for the whole pool; each rank holds its heads' part of every slot
+        gb = cfg.kv_cache_memory_gb if cfg.kv_cache_memory_gb is not None else 1.0
+        return blocks_for_memory(self.model_config, self.dtype, bs, int(gb * 2**30))
+
+    def _agreed_backend(self) -> str:
+        backend = choose_backend(self.config.attention_backend, self.device, self.dtype, self.config.block_size)
+        # every rank must run the same kernels: varlen only where all of them can
+        return "varlen" if self.group.agree_min(int(backend == "varlen")) else "sdpa"
+
+    def _activation_fit(self) -> int | None:
+        if self.device.type != "cuda":
+            return None
+        free = torch.cuda.mem_get_info(self.device)[0]  # weights and KV cache are allocated by now
+        return max_token_budget(self.model_config, self.dtype, cuda_headroom(free), self.shard)
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())  # a tied head is counted once
