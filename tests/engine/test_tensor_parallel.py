@@ -161,6 +161,31 @@ def test_offline_a_killed_rank_raises_instead_of_hanging(tmp_path):
         assert time.monotonic() - started < 30
     finally:
         llm.engine.close()
+    assert not _tp_children(), "a failed engine's workers are reaped"
+    # the failed engine left the process group: another one starts and runs in this process
+    again, _ = _run(folder, 2, PROMPTS[:1], max_tokens=2)
+    assert len(again[0]) == 2
+
+
+def _tp_children() -> list[int]:
+    """This process's tensor-parallel workers still in the process table (running or zombie)."""
+    import os
+
+    out = []
+    for pid in _worker_pids(os.getpid()):
+        try:
+            if b"chunkpilot.engine.tp_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def test_a_failed_start_leaves_no_workers_behind(tmp_path):
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    with pytest.raises(ValueError, match="the KV cache holds 8 tokens"):  # every rank agrees, then refuses
+        LLM(str(folder), tensor_parallel_size=2, threads=1, block_size=4, num_kv_blocks=2)
+    assert not _tp_children()
 
 
 def _worker_pids(pid: int) -> list[int]:
@@ -238,6 +263,12 @@ def test_a_hung_rank_makes_the_engine_exit_non_zero_within_its_timeout(tiny, tmp
     server = _serve(tiny, tmp_path, "--tensor-parallel-timeout", "3")
     (worker,) = _worker_pids(server.proc.pid)
     try:
+        # idle for longer than the timeout: the workers wait for the next plan as long as it takes
+        time.sleep(6)
+        assert server.proc.poll() is None, server.log()
+        r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": TEXTS[0], "max_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 200
         os.kill(worker, signal.SIGSTOP)  # alive, but never answers a collective again
         started = time.monotonic()
         try:
@@ -248,7 +279,8 @@ def test_a_hung_rank_makes_the_engine_exit_non_zero_within_its_timeout(tiny, tmp
         code = server.proc.wait(timeout=60)
         assert code == 1, server.log()
         assert time.monotonic() - started < 45
-        assert "collective failed" in server.log()
+        # the request's step, or a keep-alive that came first
+        assert "collective failed" in server.log() or "keep-alive failed" in server.log()
         assert wait_for(lambda: _zombie(worker), 10), "the engine kills the hung rank on its way out"
     finally:
         try:

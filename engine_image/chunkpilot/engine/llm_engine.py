@@ -28,7 +28,7 @@ from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import FinishReason, Sequence
 from chunkpilot.engine.step_cost import step_features
 from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from chunkpilot.engine.tp_group import TPGroup
+from chunkpilot.engine.tp_group import KEEPALIVE, TPGroup
 from chunkpilot.engine.tp_shard import check_tensor_parallel
 from chunkpilot.engine.tp_worker import RankFailedError, WorkerProcesses
 from chunkpilot.engine.worker import RankMemory, Worker, resolve_device
@@ -59,21 +59,46 @@ class LLMEngine:
         check_tensor_parallel(self.model_config, config.tensor_parallel_size)  # before any process starts
         self.tokenizer = Tokenizer(config.model)
         self._workers: WorkerProcesses | None = None
-        group = TPGroup(0, config.tensor_parallel_size)
-        store = None
-        try:
-            if group.distributed:
-                resolve_device(config.device, 0, group.world)  # a missing GPU is said here, not by N crashes
-                store = TPGroup.host_store(group.world, config.tensor_parallel_join_timeout)
-                self._workers = WorkerProcesses(config, group.world, store.port,
-                                                exit_on_failure=exit_on_rank_failure)
-            self.worker = Worker(config, self.model_config, group, store)
-            self.rank_memory: list[RankMemory] = group.gather_objects(self.worker.memory)
+        self.group = group = TPGroup(0, config.tensor_parallel_size)
+        try:  # everything that may fail once workers run: they must not outlive a failed start
+            self._build(config, exit_on_rank_failure)
         except BaseException:
             if self._workers is not None:
                 self._workers.kill()
+            group.close()
             raise
-        self.group = group
+        # Every collective of rank 0 holds this: a step's, or a keep-alive's while the engine is idle.
+        self._collective = threading.Lock()
+        self._last_collective = time.monotonic()
+        self._keepalive_stop = threading.Event()
+        if self._workers is not None:
+            self._workers.arm()
+            # not a bound method: the thread must not keep the engine alive (its finalizer stops the workers)
+            threading.Thread(target=_keepalive, args=(weakref.ref(self), config.tensor_parallel_timeout / 4),
+                             name="tp-keepalive", daemon=True).start()
+        self._pending: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._pending_adds = 0  # submitted, not yet in the scheduler (admission counts them as waiting)
+        self._pending_lock = threading.Lock()
+        self._live: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
+        self.last_step = StepStats()
+        # Move everything built so far (model, tokenizer, pools) out of the garbage collector's generations:
+        # full collections then scan far less, which shortens the pauses that show up as inter-token spikes.
+        gc.collect()
+        gc.freeze()
+        atexit.register(gc.unfreeze)  # let interpreter shutdown free them as usual (extensions check for leaks)
+        # Stops the workers when the engine is collected or the interpreter exits, without keeping it alive.
+        self._finalizer = weakref.finalize(self, _stop_workers, self._workers, self.group, False,
+                                           self._keepalive_stop, self._collective)
+
+    def _build(self, config: EngineConfig, exit_on_rank_failure: bool) -> None:
+        group, store = self.group, None
+        if group.distributed:
+            resolve_device(config.device, 0, group.world)  # a missing GPU is said here, not by N crashes
+            store = TPGroup.host_store(group.world, config.tensor_parallel_join_timeout)
+            self._workers = WorkerProcesses(config, group.world, store.port, exit_on_failure=exit_on_rank_failure)
+        self.worker = Worker(config, self.model_config, group, store,
+                             check=self._workers.check if self._workers else None)
+        self.rank_memory: list[RankMemory] = group.gather_objects(self.worker.memory)
         self.device, self.dtype = self.worker.device, self.worker.dtype
         self.max_model_len = self.worker.max_model_len
         self.model, self.kv_cache, self.runner = self.worker.model, self.worker.kv_cache, self.worker.runner
@@ -91,25 +116,13 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs
         )
-        self._pending: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
-        self._pending_adds = 0  # submitted, not yet in the scheduler (admission counts them as waiting)
-        self._pending_lock = threading.Lock()
-        self._live: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
-        self.last_step = StepStats()
-        # Move everything built so far (model, tokenizer, pools) out of the garbage collector's generations:
-        # full collections then scan far less, which shortens the pauses that show up as inter-token spikes.
-        gc.collect()
-        gc.freeze()
-        atexit.register(gc.unfreeze)  # let interpreter shutdown free them as usual (extensions check for leaks)
-        # Stops the workers when the engine is collected or the interpreter exits, without keeping it alive.
-        self._finalizer = weakref.finalize(self, _stop_workers, self._workers, group, False)
 
     def close(self, *, force: bool = False) -> None:
         """Stop the tensor-parallel workers: they finish and exit 0. `force` kills them instead (the step loop
         may still be inside a collective). Idempotent."""
         if self._workers is not None:
             self._finalizer.detach()
-            _stop_workers(self._workers, self.group, force)
+            _stop_workers(self._workers, self.group, force, self._keepalive_stop, self._collective)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -265,10 +278,17 @@ class LLMEngine:
         if workers.failure:
             raise RankFailedError(workers.failure)
         try:
-            return self.runner.execute(sched)
-        except Exception as e:  # a collective failed or timed out (a rank is dead or hung), or rank 0 failed
-            # mid-step: the ranks are out of step with each other and only a restart brings them back
-            workers.fail(f"a tensor-parallel collective failed ({e})")
+            with self._collective:
+                try:
+                    return self.runner.execute(sched)
+                finally:
+                    self._last_collective = time.monotonic()
+        except BaseException as e:  # a collective failed or timed out (a rank is dead or hung), or rank 0 failed
+            # mid-step (Ctrl-C included): the ranks are out of step with each other and only a restart brings them
+            # back. On CUDA a hung rank may instead end the process from NCCL's own watchdog.
+            workers.fail(f"a tensor-parallel collective failed ({e!r})")
+            if not isinstance(e, Exception):
+                raise
             raise RankFailedError(workers.failure) from e
 
     def _advance(self, seq: Sequence, logprob) -> RequestOutput:
@@ -300,15 +320,61 @@ class LLMEngine:
         )
 
 
-def _stop_workers(workers: WorkerProcesses | None, group: TPGroup, force: bool) -> None:
-    if workers is None or workers.stopped:
+def _keepalive(engine_ref, period: float) -> None:
+    """While no step runs, tell the workers every `period` (a quarter of the timeout) that rank 0 is alive: their
+    wait for a plan has the group's timeout, and a worker that hung meanwhile times this broadcast out."""
+    eng = engine_ref()
+    if eng is None:
         return
-    if not force:
-        try:
-            group.broadcast(None)
-        except Exception:  # a rank already gone: kill the rest
-            force = True
-    if force:
-        workers.kill()
-    workers.stop()
+    workers, group, lock, stop = eng._workers, eng.group, eng._collective, eng._keepalive_stop
+    del eng  # only a weak reference between rounds
+    while not stop.wait(period / 2):
+        eng = engine_ref()
+        if eng is None:
+            return
+        due = time.monotonic() - eng._last_collective >= period
+        del eng
+        if not due:
+            continue
+        with lock:
+            if stop.is_set() or workers.stopped:
+                return
+            try:
+                group.broadcast(KEEPALIVE)
+            except Exception as e:  # noqa: BLE001 - a dead or hung rank
+                workers.fail(f"a tensor-parallel keep-alive failed ({e!r})")
+                return
+            eng = engine_ref()
+            if eng is not None:
+                eng._last_collective = time.monotonic()
+            del eng
+
+
+def _stop_workers(workers: WorkerProcesses | None, group: TPGroup, force: bool, keepalive_stop: threading.Event,
+                  lock: threading.Lock) -> None:
+    """Stop the workers (the stop plan, then wait; or kill them), reap them and leave the process group, whatever
+    state a failure left them in. Idempotent."""
+    if workers is None:
+        return
+    keepalive_stop.set()
+    # a keep-alive in flight finishes first (a step may still hold the lock when forced: then do not wait for it)
+    locked = lock.acquire(timeout=0 if force else 30)
+    try:
+        _stop_locked(workers, group, force or not locked)
+    finally:
+        if locked:
+            lock.release()
+
+
+def _stop_locked(workers: WorkerProcesses, group: TPGroup, force: bool) -> None:
+    if not workers.reaped:
+        if force or workers.stopped or workers.failure:  # killed, or already stopping: nobody listens for plans
+            workers.kill()
+        else:
+            workers.begin_stop()  # the watchdog must not take the workers' clean exits for failures
+            try:
+                group.broadcast(None)
+            except Exception:  # a rank already gone: kill the rest
+                workers.kill()
+            workers.stop()
     group.close()

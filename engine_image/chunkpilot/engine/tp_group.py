@@ -5,25 +5,32 @@ no `if world > 1` of their own. A distributed group uses NCCL on CUDA for the te
 each row-parallel layer, a gather of the vocabulary slices of the logits) and a gloo group for the step plan,
 which is a Python object built on rank 0's CPU.
 
-Every collective has the group's timeout: a rank that hangs turns into an exception on the others within it,
-never into a silent stall (llm_engine turns that exception into a non-zero exit, so Kubernetes restarts the pod).
+Every collective has the group's timeout: a rank that hangs turns into an exception on rank 0 within it, never
+into a silent stall (llm_engine turns that exception into a non-zero exit, so Kubernetes restarts the pod). An
+idle engine sends no plans, so rank 0 sends KEEPALIVE in their place (llm_engine's keep-alive thread): the
+workers' wait for the next plan never times out on an engine that merely has no requests, and a worker that hangs
+while it is idle is found by the next keep-alive's timeout.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import time
 
 import torch
 
 log = logging.getLogger(__name__)
+
+# Broadcast in place of a plan while the engine is idle; the workers wait for the next one.
+KEEPALIVE = "keepalive"
 
 
 class TPGroup:
     def __init__(self, rank: int = 0, world: int = 1) -> None:
         self.rank = rank
         self.world = world
-        self._control = None  # gloo group for Python objects; None = the default group
+        self._control = None  # gloo group for Python objects (plans, KV blocks, memory); None = the default group
 
     @classmethod
     def solo(cls) -> "TPGroup":
@@ -44,13 +51,24 @@ class TPGroup:
 
         return dist.TCPStore("127.0.0.1", port, world, False, timeout=datetime.timedelta(seconds=join_timeout_s))
 
-    def join(self, store, device: torch.device, timeout_s: float, join_timeout_s: float) -> None:
+    def join(self, store, device: torch.device, timeout_s: float, join_timeout_s: float, check=None) -> None:
         """Wait (up to `join_timeout_s`: loading a large checkpoint takes minutes) until every rank has loaded its
-        weights, then form the group, whose collectives time out after `timeout_s`."""
+        weights, then form the group, whose collectives time out after `timeout_s`. `check()` runs every second
+        of the wait and may raise (rank 0: a worker already died, so nobody is coming)."""
         import torch.distributed as dist
 
+        if dist.is_initialized():  # torch.distributed has one default group per process
+            raise ValueError("another tensor-parallel engine is running in this process: close() it first")
         store.set(f"loaded/{self.rank}", "1")
-        store.wait([f"loaded/{r}" for r in range(self.world)], datetime.timedelta(seconds=join_timeout_s))
+        keys = [f"loaded/{r}" for r in range(self.world)]
+        deadline = time.monotonic() + join_timeout_s
+        while not store.check(keys):  # polled: a timed-out wait logs a c10d warning every second
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tensor-parallel ranks did not all load their weights within "
+                                   f"{join_timeout_s:.0f} s")
+            time.sleep(0.2)
         timeout = datetime.timedelta(seconds=timeout_s)
         if device.type == "cuda":
             dist.init_process_group("nccl", store=store, rank=self.rank, world_size=self.world, timeout=timeout,
@@ -83,7 +101,8 @@ class TPGroup:
         return torch.cat(parts, dim=-1)[:, :vocab_size] if parts is not None else None
 
     def broadcast(self, obj=None):
-        """Rank 0 sends `obj` (a step plan, or None to stop); every rank returns it."""
+        """Rank 0 sends `obj` (a step plan, KEEPALIVE, or None to stop); every rank returns it. Gloo's send waits
+        for the receiver to be ready, so a hung worker times rank 0 out here."""
         if self.world == 1:
             return obj
         import torch.distributed as dist

@@ -52,7 +52,8 @@ def check_tensor_parallel(cfg: ModelConfig, world: int) -> None:
     if world == 1:
         return
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0 and _kv_fits(kv, d))
+    divisors = ", ".join(str(d) for d in range(1, heads + 1)
+                         if heads % d == 0 and _kv_fits(kv, d) and cfg.intermediate_size % d == 0)
     if heads % world:
         raise ValueError(f"tensor_parallel_size {world} does not divide the model's {heads} attention heads; "
                          f"choose one of {divisors}")

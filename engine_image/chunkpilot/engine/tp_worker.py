@@ -34,20 +34,29 @@ class RankFailedError(RuntimeError):
 
 
 class WorkerProcesses:
-    """Ranks 1..N-1 of one engine, as child processes of rank 0. `exit_on_failure`: a failed rank ends the whole
-    process (the server: Kubernetes restarts the pod); otherwise the engine's next step raises RankFailedError
-    (the offline `LLM`, which must not take its caller's process down)."""
+    """Ranks 1..N-1 of one engine, as child processes of rank 0.
+
+    A rank that fails while the engine is built only marks the group failed: rank 0 then raises (its own error, or
+    RankFailedError), so a clear start-up error (a KV cache too small, on every rank at once) reaches /ready and
+    the log instead of "rank 1 exited". Once `arm()`ed, with `exit_on_failure` a failure ends the whole process
+    (the server: Kubernetes restarts the pod); without it the engine's next step raises RankFailedError (the
+    offline `LLM`, which must not take its caller's process down)."""
 
     def __init__(self, config, world: int, store_port: int, *, exit_on_failure: bool = True) -> None:
         self.exit_on_failure = exit_on_failure
         self.failure: str | None = None
+        self._armed = False
         self._stopping = threading.Event()
+        self._reaped = False
         payload = json.dumps(dataclasses.asdict(config))
-        self.procs = [
-            subprocess.Popen([sys.executable, "-m", "chunkpilot.engine.tp_worker", str(rank), str(world),
-                              str(store_port), payload])
-            for rank in range(1, world)
-        ]
+        self.procs: list[subprocess.Popen] = []
+        try:
+            for rank in range(1, world):
+                self.procs.append(subprocess.Popen([sys.executable, "-m", "chunkpilot.engine.tp_worker", str(rank),
+                                                    str(world), str(store_port), payload]))
+        except BaseException:  # the ones already started must not outlive this
+            self.kill()
+            raise
         self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
         self._watchdog.start()
 
@@ -59,12 +68,25 @@ class WorkerProcesses:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
+    def arm(self) -> None:
+        """The engine is built: from now on a failed rank is handled as `exit_on_failure` says."""
+        self._armed = True
+
+    def check(self) -> None:
+        """Raise RankFailedError when a rank has failed (while rank 0 waits for the others to load)."""
+        if self.failure:
+            raise RankFailedError(self.failure)
+
     def _watch(self) -> None:
         while not self._stopping.wait(0.5):
             for rank, p in enumerate(self.procs, start=1):
                 code = p.poll()
                 if code is not None and not self._stopping.is_set():
                     self.fail(f"tensor-parallel rank {rank} (pid {p.pid}) exited with status {code}")
+
+    def begin_stop(self) -> None:
+        """Before rank 0 broadcasts the stop: the workers' exits from here on are expected."""
+        self._stopping.set()
 
     def stop(self, timeout: float = 10.0) -> None:
         """After rank 0 broadcast the stop (None): wait for the workers, then kill whoever is left."""
@@ -76,21 +98,30 @@ class WorkerProcesses:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        self._reaped = True
 
     def kill(self) -> None:
+        """Kill every worker still running and reap them all (no zombies). Idempotent."""
         self._stopping.set()
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
+        for p in self.procs:
+            p.wait()
+        self._reaped = True
+
+    @property
+    def reaped(self) -> bool:
+        return self._reaped
 
     def fail(self, reason: str) -> None:
         """A rank died or hung: the group cannot go on and no request can finish. Kill the other workers, then
         exit non-zero at once (from any thread: a dead collective may never return), so Kubernetes restarts
-        the pod; or, offline, remember why for the next step to raise."""
+        the pod; or, offline or while the engine is still being built, remember why for rank 0 to raise."""
+        self.failure = self.failure or reason
         self.kill()
-        if not self.exit_on_failure:
+        if not (self.exit_on_failure and self._armed):
             log.error("%s: the engine cannot step any more", reason)
-            self.failure = self.failure or reason
             return
         log.critical("%s: the engine exits (status %d) so that the pod restarts", reason, RANK_FAILED_EXIT)
         logging.shutdown()
@@ -112,7 +143,8 @@ def _die_with_parent(parent: int) -> None:
 def main(argv: list[str]) -> int:
     rank, world, port = int(argv[0]), int(argv[1]), int(argv[2])
     _die_with_parent(os.getppid())
-    # The pod's SIGTERM reaches every process: the workers leave shutdown to rank 0, which stops them.
+    # Shutdown is rank 0's: it stops the workers after draining. A terminal's Ctrl-C (SIGINT to the whole process
+    # group) or a SIGTERM sent to every process must not kill a worker under a step that is still running.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
@@ -120,7 +152,7 @@ def main(argv: list[str]) -> int:
 
     from chunkpilot.engine.config import EngineConfig
     from chunkpilot.engine.model_config import ModelConfig
-    from chunkpilot.engine.tp_group import TPGroup
+    from chunkpilot.engine.tp_group import KEEPALIVE, TPGroup
     from chunkpilot.engine.worker import Worker
 
     config = EngineConfig(**json.loads(argv[3]))
@@ -132,7 +164,8 @@ def main(argv: list[str]) -> int:
         worker = Worker(config, ModelConfig.from_dir(config.model), group, store)
         group.gather_objects(worker.memory)
         while (plan := group.broadcast()) is not None:
-            worker.runner.forward(plan)
+            if plan != KEEPALIVE:
+                worker.runner.forward(plan)
     except Exception:
         log.exception("tensor-parallel rank %d failed", rank)
         return RANK_FAILED_EXIT

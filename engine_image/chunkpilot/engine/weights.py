@@ -72,8 +72,11 @@ def load_weights(model: LlamaModel, model_dir: str | Path) -> None:
                         key = target.split(".", 2)[-1].rsplit(".", 1)[0]
                         lo, hi = offsets[key][piece], offsets[key][piece + 1]
                         dest = param.data[lo:hi]
-                    tensor = _read_shard(f.get_slice(name), name, shard, d)
+                    sl = f.get_slice(name)
+                    tensor = _read_shard(sl, name, shard, d)
                     if target in ("embed_tokens.weight", "lm_head.weight"):
+                        if sl.get_shape()[0] != cfg.vocab_size:  # a slice of a short table would look whole
+                            raise ValueError(f"{name}: {sl.get_shape()[0]} rows, but vocab_size is {cfg.vocab_size}")
                         dest = dest[: tensor.shape[0]]  # the real rows of the slice
                     if tuple(dest.shape) != tuple(tensor.shape):
                         raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not fit {tuple(dest.shape)}")

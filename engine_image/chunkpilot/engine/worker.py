@@ -67,7 +67,10 @@ class RankMemory:
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, group: TPGroup, store=None) -> None:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, group: TPGroup, store=None,
+                 check=None) -> None:
+        """`store`: the group's rendezvous (tensor parallelism); `check()` may raise while this rank waits for the
+        others to load (rank 0: a worker died meanwhile)."""
         self.config = config
         self.model_config = model_config
         self.group = group
@@ -79,7 +82,7 @@ class Worker:
         self.shard = shard_of(model_config, group.rank, group.world)
         self.model = self._load_model()
         if group.distributed:
-            group.join(store, self.device, config.tensor_parallel_timeout, config.tensor_parallel_join_timeout)
+            group.join(store, self.device, config.tensor_parallel_timeout, config.tensor_parallel_join_timeout, check)
         num_blocks = group.agree_min(self._local_num_blocks())
         if num_blocks * config.block_size < self.max_model_len:
             raise ValueError(
