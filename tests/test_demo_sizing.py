@@ -27,6 +27,11 @@ def slower(model: StepModel, factor: float) -> StepModel:
 def test_a_fast_host_keeps_the_demo_as_it_was_sized():
     assert sizing.itl_slo(CONFIG, FAST, SPACE) == CONFIG.itl_slo
     assert sizing.rag_scale(CONFIG, FAST, SPACE) == 1.0
+    # judged as slowed by the busy phase's contention, as `size` judges the probe's fit: still the demo's shapes
+    busy = sizing.contended(FAST)
+    assert busy.coefficients["prefill_tokens"] == FAST.coefficients["prefill_tokens"] * sizing.CONTENTION
+    assert sizing.itl_slo(CONFIG, busy, SPACE) == CONFIG.itl_slo
+    assert sizing.rag_scale(CONFIG, busy, SPACE) == 1.0
 
 
 def test_a_slow_host_gets_shorter_long_prompts_that_some_knobs_can_serve():

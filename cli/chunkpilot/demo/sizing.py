@@ -39,6 +39,12 @@ TARGET_UTILIZATION = 0.55
 # many times the predicted ITL p99 of the smallest knobs at the busiest load, whichever is larger (on the hosts the
 # demo was sized on it stays 0.5 s).
 ITL_SLO_ROOM = 1.5
+# The probe's steps run beside nothing but the other engines' probe; the busy phase's share two cores with both
+# groups' engines streaming to the load generator, Prometheus and the tuner. There, the smallest chunks' ITL p99
+# read 1.1-2.2x the probe fit's prediction (2026-12-01, three sized runs: 32/32 at 0.48-0.72 s against 0.33-0.43
+# s), so a 0.5-s SLO the sizing judged within reach was met by no knobs at all in two of the three. The sizing
+# judges on the probe's fit slowed by this factor (the tuner itself refits and calibrates every window).
+CONTENTION = 1.3
 SCALES = tuple(round(1.0 - 0.05 * i, 2) for i in range(17))  # 1.0, 0.95, ... 0.2
 # The probe: both kinds of request (about eight), every engine at once, ten seconds; its steps are what the fit sees.
 PROBE = Phase(10.0, 0.8, {"chat": 0.5, "rag": 0.5})
@@ -58,6 +64,11 @@ def probe(urls: list[str], prometheus_url: str, selector: str) -> StepModel | No
         t.join()
     time.sleep(2.5)  # 1-s scrapes: the last steps reach Prometheus
     return PrometheusSource(prometheus_url, selector).step_model(time.monotonic() - t0 + 2)
+
+
+def contended(model: StepModel) -> StepModel:
+    """The probe's fit with every step CONTENTION times slower: what the busy phase's steps take."""
+    return replace(model, coefficients={k: v * CONTENTION for k, v in model.coefficients.items()})
 
 
 def busy_load(config, scale: float, model: StepModel, space: SearchSpace) -> Load:
@@ -110,10 +121,11 @@ def size(config, urls: list[str], prometheus_url: str, selector: str, space: Sea
     if model is None:
         say("the probe fitted no step-time model: keeping the configured prompt lengths")
         return config
+    fitted, model = model, contended(model)
     config = replace(config, itl_slo=itl_slo(config, model, space))
     scale = rag_scale(config, model, space)
-    c = model.coefficients
+    c = fitted.coefficients
     say(f"step-time fit: {1e3 * c.get('prefill_tokens', 0):.2f} ms per prompt token, "
-        f"{1e3 * c.get('overhead', 0):.0f} ms per step; ITL SLO {config.itl_slo:g} s; long prompts at {scale:.0%} "
+        f"{1e3 * c.get('overhead', 0):.0f} ms per step (judged {CONTENTION:g}x slower under load); ITL SLO {config.itl_slo:g} s; long prompts at {scale:.0%} "
         f"of the demo's {config.shapes(1.0)['rag'].prompt[0]}-{config.shapes(1.0)['rag'].prompt[1]} tokens")
     return replace(config, rag_scale=scale)

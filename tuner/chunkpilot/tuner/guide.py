@@ -188,15 +188,25 @@ def screen(context: Context, candidates: list[Knobs], slo: SLOTargets,
 
 def closest(screened: list[Judged], slo: SLOTargets) -> Knobs:
     """When nothing is predicted to keep every SLO: the knobs that keep the inter-token SLO and keep up, with the
-    least TTFT among them; else the least pressure. A decode stall hits every stream that is running (the fixed
-    group of the demo, stalled by unchunked prompts, met 65 % of its requests), a long wait only the prompts queued
-    behind it (the best fixed knobs for the same trace, 64/64, met 90 %)."""
+    least TTFT among them; when none keeps the inter-token SLO, the least inter-token stall (among the knobs that
+    keep up, if any do); without an ITL SLO, the least pressure. A decode stall hits every stream that is running
+    (the fixed group of the demo, stalled by unchunked prompts, met 65 % of its requests), a long wait only the
+    prompts queued behind it (the best fixed knobs for the same trace, 64/64, met 90 %). The least overall pressure
+    is no fallback for ITL: near saturation the predicted TTFT dominates it and is the least certain number (the
+    demo read 122 s predicted against 7 s measured), and chasing it took 48/48 and 64/64, which then stalled
+    every stream for 0.74-0.86 s against a 0.5-s SLO where 32/32 read 0.49 s."""
+    def keeps_up(c: Judged) -> bool:
+        return c.candidate.utilization < 1.0
+
     def itl_ok(c: Judged) -> bool:
         within = c.candidate.itl is None or c.candidate.itl <= slo.itl.threshold * LATENCY_MARGIN
-        return within and c.candidate.utilization < 1.0
+        return within and keeps_up(c)
     keeping = [c for c in screened if itl_ok(c)]
     if keeping and slo.ttft is not None:
         return min(keeping, key=lambda c: (c.candidate.ttft, c.knobs.token_budget)).knobs
+    if not keeping and slo.itl is not None:
+        pool = [c for c in screened if keeps_up(c)] or screened
+        return min(pool, key=lambda c: (c.candidate.itl, c.knobs.token_budget, c.knobs.max_chunk)).knobs
     return screened[0].knobs
 
 
