@@ -257,6 +257,18 @@ def test_a_killed_rank_makes_the_engine_exit_non_zero(tiny, tmp_path):
             server.stop(signal.SIGKILL)
 
 
+def _kill_all(server, worker: int) -> None:
+    """A stopped worker survives its engine (it watches its parent only when it runs): kill both."""
+    import os
+
+    try:
+        os.kill(worker, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if server.proc.poll() is None:
+        server.stop(signal.SIGKILL)
+
+
 def test_a_hung_rank_makes_the_engine_exit_non_zero_within_its_timeout(tiny, tmp_path):
     import os
 
@@ -283,9 +295,22 @@ def test_a_hung_rank_makes_the_engine_exit_non_zero_within_its_timeout(tiny, tmp
         assert "collective failed" in server.log() or "keep-alive failed" in server.log()
         assert wait_for(lambda: _zombie(worker), 10), "the engine kills the hung rank on its way out"
     finally:
-        try:
-            os.kill(worker, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if server.proc.poll() is None:
-            server.stop(signal.SIGKILL)
+        _kill_all(server, worker)
+
+
+def test_a_rank_hung_while_idle_makes_the_engine_exit_non_zero_without_a_request(tiny, tmp_path):
+    # no request at all: only the idle keep-alives can find a worker that stopped answering
+    import os
+
+    server = _serve(tiny, tmp_path, "--tensor-parallel-timeout", "3")
+    (worker,) = _worker_pids(server.proc.pid)
+    try:
+        os.kill(worker, signal.SIGSTOP)
+        started = time.monotonic()
+        code = server.proc.wait(timeout=60)
+        assert code == 1, server.log()
+        assert time.monotonic() - started < 45
+        assert "keep-alive failed" in server.log(), server.log()
+        assert wait_for(lambda: _zombie(worker), 10), "the engine kills the hung rank on its way out"
+    finally:
+        _kill_all(server, worker)
