@@ -1,6 +1,7 @@
-"""The demo sizes its long prompts (and, where the smallest chunks need it, its ITL SLO) to the machine: pure, on
-known step costs. A host as fast as the one the demo was sized on keeps the demo's shapes; one 5x slower gets
-shorter long prompts, and always some knobs predicted to keep the ITL SLO with prefill headroom."""
+"""The demo sizes its outputs, its long prompts (and, where the smallest chunks need it, its ITL SLO) to the
+machine: pure, on known step costs. A host as fast as the one the demo was sized on keeps the demo's prompts and
+gets longer outputs, so that its streams live as long; one 5x slower keeps the outputs and gets shorter long
+prompts, and always some knobs predicted to keep the ITL SLO with prefill headroom."""
 
 from __future__ import annotations
 
@@ -27,11 +28,32 @@ def slower(model: StepModel, factor: float) -> StepModel:
 def test_a_fast_host_keeps_the_demo_as_it_was_sized():
     assert sizing.itl_slo(CONFIG, FAST, SPACE) == CONFIG.itl_slo
     assert sizing.rag_scale(CONFIG, FAST, SPACE) == 1.0
-    # judged as slowed by the busy phase's contention, as `size` judges the probe's fit: still the demo's shapes
+    # judged as slowed by the busy phase's contention, as `size` judges the probe's fit: still the demo's shapes,
+    # with the longer outputs a fast host gets
     busy = sizing.contended(FAST)
     assert busy.coefficients["prefill_tokens"] == FAST.coefficients["prefill_tokens"] * sizing.CONTENTION
-    assert sizing.itl_slo(CONFIG, busy, SPACE) == CONFIG.itl_slo
-    assert sizing.rag_scale(CONFIG, busy, SPACE) == 1.0
+    config = replace(CONFIG, output_scale=sizing.output_scale(CONFIG, busy, SPACE))
+    assert config.output_scale > 1.0
+    assert sizing.itl_slo(config, busy, SPACE) == CONFIG.itl_slo
+    assert sizing.rag_scale(config, busy, SPACE) == 1.0
+
+
+def test_outputs_are_lengthened_until_streams_live_as_long_as_where_the_demo_was_sized():
+    # quick decode steps: the least scale whose mean stream decodes STREAM_SECONDS, or the largest
+    half = slower(FAST, 2.0)
+    scale = sizing.output_scale(CONFIG, half, SPACE)
+    assert 1.0 < scale < sizing.OUTPUT_SCALES[-1]
+    assert sizing.stream_seconds(replace(CONFIG, output_scale=scale), half, SPACE) >= sizing.STREAM_SECONDS
+    below = sizing.OUTPUT_SCALES[sizing.OUTPUT_SCALES.index(scale) - 1]
+    assert sizing.stream_seconds(replace(CONFIG, output_scale=below), half, SPACE) < sizing.STREAM_SECONDS
+    assert sizing.output_scale(CONFIG, FAST, SPACE) == sizing.OUTPUT_SCALES[-1]
+    # every stream, chat and long alike, is that much longer; prompts are untouched
+    longer = replace(CONFIG, output_scale=2.0).shapes()
+    for kind, shape in CONFIG.shapes().items():
+        assert longer[kind].output == (2 * shape.output[0], 2 * shape.output[1])
+        assert longer[kind].prompt == shape.prompt
+    # a slow host's streams already live that long: its outputs stay
+    assert sizing.output_scale(CONFIG, slower(FAST, 5.0), SPACE) == 1.0
 
 
 def test_a_slow_host_gets_shorter_long_prompts_that_some_knobs_can_serve():

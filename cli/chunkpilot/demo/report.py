@@ -102,10 +102,12 @@ def summary_line(run: DemoRun) -> str:
     t, f = s["tuned"], s["fixed"]
     ratio = f"{t['goodput'] / f['goodput']:.2f}x" if f["goodput"] > 0 else "n/a (the fixed group met no SLO)"
     c = run.config
-    lo, hi = c.shapes()["rag"].prompt
+    shapes = c.shapes()
+    (lo, hi), (out_lo, out_hi) = shapes["rag"].prompt, shapes["chat"].output
     return (f"SLO attainment: tuned {t['attainment']:.0%} vs fixed start-up knobs {f['attainment']:.0%}; goodput "
             f"{t['goodput']:.2f} vs {f['goodput']:.2f} req/s ({ratio}), same requests, same machine, same run "
-            f"(long prompts {lo}-{hi} tokens, ITL SLO {c.itl_slo:g} s{', sized to this machine' if c.size_to_host else ''})")
+            f"(long prompts {lo}-{hi} tokens, outputs {out_lo}-{out_hi} tokens, ITL SLO {c.itl_slo:g} s"
+            f"{', sized to this machine' if c.size_to_host else ''})")
 
 
 def figure(run: DemoRun, data: dict):

@@ -33,6 +33,11 @@ KNOB_BOUNDS = (32, 2048)  # token budget and max chunk alike
 SHAPES = {"chat": Shape(prompt=(16, 96), output=(8, 32)), "rag": Shape(prompt=(256, 1024), output=(8, 32))}
 
 
+def _longer(shape: Shape, output_scale: float) -> Shape:
+    lo, hi = shape.output
+    return Shape(shape.prompt, (max(1, round(lo * output_scale)), max(1, round(hi * output_scale))))
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     model: str
@@ -53,10 +58,12 @@ class DemoConfig:
     seed: int = 0
     size_to_host: bool = True  # shrink the long prompts to what this machine prefills (chunkpilot.demo.sizing)
     rag_scale: float = 1.0  # the long prompts' length against SHAPES (what the sizing chose)
+    output_scale: float = 1.0  # every stream's output length against SHAPES (what the sizing chose)
 
     def shapes(self, rag_scale: float | None = None) -> dict[str, Shape]:
         scale = self.rag_scale if rag_scale is None else rag_scale
-        return {"chat": SHAPES["chat"], "rag": scaled(SHAPES["rag"], scale, None)}
+        return {"chat": _longer(SHAPES["chat"], self.output_scale),
+                "rag": _longer(scaled(SHAPES["rag"], scale, None), self.output_scale)}
 
     def phases(self) -> list[Phase]:
         """Rate and mix shift: a calm quarter of chat, half the run busy with long prompts, a calm quarter."""

@@ -8,7 +8,9 @@ about a tuner. So before the load, a short probe (the same requests to every eng
 step-time model from the engines' own steps through Prometheus, exactly as the tuner does. Then the long ("rag")
 prompts are shrunk until some knobs of the tuner's space are predicted, at the busiest phase's rate, to keep the
 ITL SLO with prefill demand within TARGET_UTILIZATION of the capacity those knobs leave. Prompts are never made
-longer than the demo's own shapes. Both groups get the same sized load. The report prints the scale."""
+longer than the demo's own shapes. Before that, on a host whose decode steps are quick, the outputs are made
+longer (OUTPUT_SCALES), so that streams live as long as they did where the demo was sized. Both groups get the
+same sized load. The report prints the scales."""
 
 from __future__ import annotations
 
@@ -46,6 +48,17 @@ ITL_SLO_ROOM = 1.5
 # judges on the probe's fit slowed by this factor (the tuner itself refits and calibrates every window).
 CONTENTION = 1.3
 SCALES = tuple(round(1.0 - 0.05 * i, 2) for i in range(17))  # 1.0, 0.95, ... 0.2
+# A stream that an unchunked prompt stalls breaches the ITL SLO however long it is, so how many streams one long
+# prompt hits is how long streams live, and that is the host's decode step times the output length. On
+# 2026-12-02's host (2.3-2.5 ms a prompt token, a decode step of about 0.1 s) the demo's 8-32-token outputs lived
+# about 2 s, the fixed group met 76-80 % of its requests and goodput read 1.16-1.24x with the tuner at 94-97 %:
+# even perfect knobs would have shown little. Replayed on those runs' own traces with outputs twice as long
+# (the simulator on each run's fitted model), the fixed knobs met 62-66 % and the best fixed knobs 97-100 %. So the
+# outputs are lengthened until the busy phase's mean stream decodes for STREAM_SECONDS, about as long as it did on
+# the slower hosts the demo was first sized on (decode steps of 0.2-0.3 s: fixed 54-71 %), and no further than
+# the largest of OUTPUT_SCALES (three times as long made the best fixed knobs themselves miss 4-15 %).
+STREAM_SECONDS = 4.5
+OUTPUT_SCALES = (1.0, 1.25, 1.5, 1.75, 2.0)
 # The probe: both kinds of request (about eight), every engine at once, ten seconds; its steps are what the fit sees.
 PROBE = Phase(10.0, 0.8, {"chat": 0.5, "rag": 0.5})
 PROBE_SHAPES = {"chat": Shape(prompt=(16, 96), output=(8, 32)), "rag": Shape(prompt=(256, 1024), output=(2, 8))}
@@ -71,12 +84,16 @@ def contended(model: StepModel) -> StepModel:
     return replace(model, coefficients={k: v * CONTENTION for k, v in model.coefficients.items()})
 
 
+def _busy_specs(config, scale: float):
+    phase = max(config.phases(), key=lambda p: p.rate)
+    return phase, build_workload([replace(phase, duration=600.0)], vocab_size=49152, seed=config.seed,
+                                 shapes=config.shapes(scale))
+
+
 def busy_load(config, scale: float, model: StepModel, space: SearchSpace) -> Load:
     """The busiest phase's load per engine at this rag scale: its prompts (sampled as the workload samples them)
     and the decodes in flight (arrival rate x output tokens x a decode step, the predictor's own)."""
-    phase = max(config.phases(), key=lambda p: p.rate)
-    specs = build_workload([replace(phase, duration=600.0)], vocab_size=49152, seed=config.seed,
-                           shapes=config.shapes(scale))
+    phase, specs = _busy_specs(config, scale)
     # the mix as a histogram of 64-token bins (the predictor walks every entry for every candidate)
     bins: dict[float, float] = {}
     for spec in specs:
@@ -98,6 +115,20 @@ def fits(config, scale: float, model: StepModel, space: SearchSpace) -> bool:
         if p.itl_p99 <= config.itl_slo * LATENCY_MARGIN and p.utilization <= TARGET_UTILIZATION:
             return True
     return False
+
+
+def stream_seconds(config, model: StepModel, space: SearchSpace) -> float:
+    """How long the busy phase's mean stream decodes at the smallest knobs (its outputs x their decode step)."""
+    _, specs = _busy_specs(config, 1.0)
+    outputs = sum(s.max_tokens for s in specs) / max(1, len(specs))
+    return outputs * predict(model, space.all_knobs()[0], busy_load(config, 1.0, model, space)).decode_step
+
+
+def output_scale(config, model: StepModel, space: SearchSpace) -> float:
+    """The least of OUTPUT_SCALES at which the mean stream decodes for STREAM_SECONDS (the largest when none does)."""
+    return next((s for s in OUTPUT_SCALES
+                 if stream_seconds(replace(config, output_scale=s), model, space) >= STREAM_SECONDS),
+                OUTPUT_SCALES[-1])
 
 
 def itl_slo(config, model: StepModel, space: SearchSpace) -> float:
@@ -122,10 +153,13 @@ def size(config, urls: list[str], prometheus_url: str, selector: str, space: Sea
         say("the probe fitted no step-time model: keeping the configured prompt lengths")
         return config
     fitted, model = model, contended(model)
+    # outputs first: the decodes in flight are part of every load the SLO and the prompts are sized against
+    config = replace(config, output_scale=output_scale(config, model, space))
     config = replace(config, itl_slo=itl_slo(config, model, space))
     scale = rag_scale(config, model, space)
-    c = fitted.coefficients
+    c, rag = fitted.coefficients, config.shapes(1.0)["rag"].prompt
     say(f"step-time fit: {1e3 * c.get('prefill_tokens', 0):.2f} ms per prompt token, "
-        f"{1e3 * c.get('overhead', 0):.0f} ms per step (judged {CONTENTION:g}x slower under load); ITL SLO {config.itl_slo:g} s; long prompts at {scale:.0%} "
-        f"of the demo's {config.shapes(1.0)['rag'].prompt[0]}-{config.shapes(1.0)['rag'].prompt[1]} tokens")
+        f"{1e3 * c.get('overhead', 0):.0f} ms per step (judged {CONTENTION:g}x slower under load); ITL SLO "
+        f"{config.itl_slo:g} s; outputs {config.output_scale:g}x the demo's; long prompts at {scale:.0%} of the "
+        f"demo's {rag[0]}-{rag[1]} tokens")
     return replace(config, rag_scale=scale)
