@@ -257,12 +257,13 @@ def test_a_killed_rank_makes_the_engine_exit_non_zero(tiny, tmp_path):
             server.stop(signal.SIGKILL)
 
 
-def _kill_all(server, worker: int) -> None:
+def _kill_all(server, worker: int | None) -> None:
     """A stopped worker survives its engine (it watches its parent only when it runs): kill both."""
     import os
 
     try:
-        os.kill(worker, signal.SIGKILL)
+        if worker is not None:
+            os.kill(worker, signal.SIGKILL)
     except ProcessLookupError:
         pass
     if server.proc.poll() is None:
@@ -303,13 +304,15 @@ def test_a_rank_hung_while_idle_makes_the_engine_exit_non_zero_without_a_request
     import os
 
     server = _serve(tiny, tmp_path, "--tensor-parallel-timeout", "3")
-    (worker,) = _worker_pids(server.proc.pid)
+    worker = None
     try:
+        (worker,) = _worker_pids(server.proc.pid)
         os.kill(worker, signal.SIGSTOP)
         started = time.monotonic()
         code = server.proc.wait(timeout=60)
         assert code == 1, server.log()
-        assert time.monotonic() - started < 45
+        # a keep-alive every quarter of the timeout, each waiting up to the timeout: about 4 s
+        assert time.monotonic() - started < 20
         assert "keep-alive failed" in server.log(), server.log()
         assert wait_for(lambda: _zombie(worker), 10), "the engine kills the hung rank on its way out"
     finally:

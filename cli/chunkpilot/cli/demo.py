@@ -23,8 +23,10 @@ def demo(
     model: Optional[Path] = typer.Option(None, envvar="CHUNKPILOT_MODEL",
                                          help="Model folder (default: the bundled SmolLM2, converted once)."),
     live: bool = typer.Option(True, help="Show the live view (off: one line every 10 s)."),
-    size_to_host: bool = typer.Option(True, help="Probe the engines first and shrink the long prompts to what this "
-                                                 "machine prefills within the SLOs (off: the configured lengths)."),
+    size_to_host: bool = typer.Option(True, help="Probe the engines first and size the load to this machine: "
+                                                 "outputs up to 2x longer where decode steps are quick, long prompts "
+                                                 "shrunk to what it prefills within the SLOs (off: the configured "
+                                                 "lengths)."),
 ) -> None:
     """Show online tuning keep the SLOs: engines + load + Prometheus + tuner on this machine, no cluster."""
     import shutil

@@ -56,7 +56,7 @@ class DemoConfig:
     max_trials: int = 6
     threads: int = 1  # torch threads per engine (2 groups share the machine)
     seed: int = 0
-    size_to_host: bool = True  # shrink the long prompts to what this machine prefills (chunkpilot.demo.sizing)
+    size_to_host: bool = True  # size outputs and long prompts to this machine (chunkpilot.demo.sizing)
     rag_scale: float = 1.0  # the long prompts' length against SHAPES (what the sizing chose)
     output_scale: float = 1.0  # every stream's output length against SHAPES (what the sizing chose)
 

@@ -1,4 +1,4 @@
-"""The demo's long prompts sized to the machine it runs on.
+"""The demo's outputs and long prompts sized to the machine it runs on.
 
 The same 2-core CI machine class ran SmolLM2's matmuls 3.5x slower on one day than on another (2026-11-29 against
 2026-12-01: 4.5 ms against 0.9 ms per prompt token, from the demo's own step-time fits). With fixed prompt lengths
@@ -142,15 +142,16 @@ def rag_scale(config, model: StepModel, space: SearchSpace) -> float:
 
 
 def size(config, urls: list[str], prometheus_url: str, selector: str, space: SearchSpace, say=print):
-    """The config with its long prompts sized to this host (or as it was, when the probe says too little)."""
-    say("probing this machine's engines (ten seconds of requests) to size the long prompts...")
+    """The config with its outputs and long prompts sized to this host (or as it was, when the probe says too
+    little)."""
+    say("probing this machine's engines (ten seconds of requests) to size the outputs and long prompts...")
     try:
         model = probe(urls, prometheus_url, selector)
     except Exception as e:  # noqa: BLE001 - sizing is a refinement: the demo goes on with the configured load
-        say(f"the probe failed ({type(e).__name__}: {e}): keeping the configured prompt lengths")
+        say(f"the probe failed ({type(e).__name__}: {e}): keeping the configured lengths")
         return config
     if model is None:
-        say("the probe fitted no step-time model: keeping the configured prompt lengths")
+        say("the probe fitted no step-time model: keeping the configured lengths")
         return config
     fitted, model = model, contended(model)
     # outputs first: the decodes in flight are part of every load the SLO and the prompts are sized against

@@ -215,7 +215,7 @@ def closest(screened: list[Judged], slo: SLOTargets) -> Knobs:
     if not keeping and slo.itl is not None:
         pool = [c for c in screened if keeps_up(c)] or screened
         least = min(c.candidate.itl for c in pool)
-        near = [c for c in pool if c.candidate.itl <= least * (1 + STALL_TOLERANCE)]
+        near = [c for c in pool if c.candidate.itl <= least * (1 + STALL_TOLERANCE)] or pool  # (NaN: all)
         if slo.ttft is not None:
             return min(near, key=lambda c: (c.candidate.ttft, c.knobs.token_budget, c.knobs.max_chunk)).knobs
         return min(near, key=lambda c: (c.candidate.itl, c.knobs.token_budget, c.knobs.max_chunk)).knobs
