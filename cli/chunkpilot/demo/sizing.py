@@ -52,7 +52,7 @@ SCALES = tuple(round(1.0 - 0.05 * i, 2) for i in range(17))  # 1.0, 0.95, ... 0.
 # prompt hits is how long streams live, and that is the host's decode step times the output length. On
 # 2026-12-02's host (2.3-2.5 ms a prompt token, a decode step of about 0.1 s) the demo's 8-32-token outputs lived
 # about 2 s, the fixed group met 76-80 % of its requests and goodput read 1.16-1.24x with the tuner at 94-97 %:
-# even perfect knobs would have shown little. Replayed on those runs' own traces with outputs twice as long
+# even perfect knobs would have shown little. Replayed on two of those runs' own traces with outputs twice as long
 # (the simulator on each run's fitted model), the fixed knobs met 62-66 % and the best fixed knobs 97-100 %. So the
 # outputs are lengthened until the busy phase's mean stream decodes for STREAM_SECONDS, about as long as it did on
 # the slower hosts the demo was first sized on (decode steps of 0.2-0.3 s: fixed 54-71 %), and no further than
@@ -84,16 +84,11 @@ def contended(model: StepModel) -> StepModel:
     return replace(model, coefficients={k: v * CONTENTION for k, v in model.coefficients.items()})
 
 
-def _busy_specs(config, scale: float):
+def _busy(config, scale: float, model: StepModel, space: SearchSpace) -> tuple[Load, float]:
+    """The busiest phase's load per engine at this rag scale, and its mean output tokens."""
     phase = max(config.phases(), key=lambda p: p.rate)
-    return phase, build_workload([replace(phase, duration=600.0)], vocab_size=49152, seed=config.seed,
-                                 shapes=config.shapes(scale))
-
-
-def busy_load(config, scale: float, model: StepModel, space: SearchSpace) -> Load:
-    """The busiest phase's load per engine at this rag scale: its prompts (sampled as the workload samples them)
-    and the decodes in flight (arrival rate x output tokens x a decode step, the predictor's own)."""
-    phase, specs = _busy_specs(config, scale)
+    specs = build_workload([replace(phase, duration=600.0)], vocab_size=49152, seed=config.seed,
+                           shapes=config.shapes(scale))
     # the mix as a histogram of 64-token bins (the predictor walks every entry for every candidate)
     bins: dict[float, float] = {}
     for spec in specs:
@@ -105,7 +100,13 @@ def busy_load(config, scale: float, model: StepModel, space: SearchSpace) -> Loa
     for _ in range(3):  # running depends on the decode step, which depends on running
         step = predict(model, space.all_knobs()[0], load).decode_step
         load = replace(load, running=max(1.0, phase.rate * outputs * step))
-    return load
+    return load, outputs
+
+
+def busy_load(config, scale: float, model: StepModel, space: SearchSpace) -> Load:
+    """The busiest phase's load per engine at this rag scale: its prompts (sampled as the workload samples them)
+    and the decodes in flight (arrival rate x output tokens x a decode step, the predictor's own)."""
+    return _busy(config, scale, model, space)[0]
 
 
 def fits(config, scale: float, model: StepModel, space: SearchSpace) -> bool:
@@ -119,9 +120,8 @@ def fits(config, scale: float, model: StepModel, space: SearchSpace) -> bool:
 
 def stream_seconds(config, model: StepModel, space: SearchSpace) -> float:
     """How long the busy phase's mean stream decodes at the smallest knobs (its outputs x their decode step)."""
-    _, specs = _busy_specs(config, 1.0)
-    outputs = sum(s.max_tokens for s in specs) / max(1, len(specs))
-    return outputs * predict(model, space.all_knobs()[0], busy_load(config, 1.0, model, space)).decode_step
+    load, outputs = _busy(config, 1.0, model, space)
+    return outputs * predict(model, space.all_knobs()[0], load).decode_step
 
 
 def output_scale(config, model: StepModel, space: SearchSpace) -> float:
