@@ -13,3 +13,5 @@ for b in sim_accuracy predictor_vs_sim tuner_vs_grid; do
     echo "== $b"
     "$PY" "bench/$b.py"
 done
+echo "== tuner_vs_grid under contention noise"
+"$PY" bench/tuner_vs_grid.py --guidance model --contention 1.0 --out tuner_vs_grid_contention

@@ -7,10 +7,15 @@ online from vLLM's default budget (2048), 15 trials, for many seeds; its knobs a
 the grid. What it costs to get there is counted too: every tuning window (trials, cut probes, thin windows)
 whose measured p99 is over an SLO itself (not the tuner's margin), and over twice an SLO.
 
-Targets (model-guided): every seed >= 95 % of the grid best; median trials to 95 % <= 2; median share of tuning
-windows over the SLO <= 10 %; no window over 2x an SLO in the median seed.
+Targets (model-guided), with and without contention noise: every seed >= 95 % of the grid best; median trials to
+95 % <= 2; median share of tuning windows over the SLO <= 10 %; no window over 2x an SLO in the median seed.
+
+With --contention N every step's time is drawn at random between 1 and 1 + N times its fastest, the mean kept
+(sim.costmodel.Contended; the grid is evaluated under the same noise): a step-time fit on a shared machine, where
+the truth is known.
 
     python bench/tuner_vs_grid.py [--seeds 30] [--cost cpu,gpu] [--guidance model,blackbox] [--jobs 2]
+                                  [--contention 1.0]
 """
 
 from __future__ import annotations
@@ -53,15 +58,16 @@ def _slo(case: Case) -> SLOTargets:
 
 
 def grid_point(args) -> tuple[Knobs, float]:
-    cost, case, knobs, seconds = args
-    return knobs, evaluate(knobs, Scenario(rate=case.rate, seed=case.seed), COSTS[cost](), _slo(case),
+    cost, case, knobs, seconds, contention = args
+    return knobs, evaluate(knobs, Scenario(rate=case.rate, seed=case.seed, contention=contention), COSTS[cost](),
+                           _slo(case),
                            seconds=seconds).goodput
 
 
 def tune_run(args) -> dict:
-    cost, case, guidance, seed, trials, window = args
+    cost, case, guidance, seed, trials, window, contention = args
     settings = TunerSettings(window=window, warmup=10, max_trials=trials, min_requests=15, guidance=guidance)
-    r = tune(Scenario(rate=case.rate, seed=case.seed), COSTS[cost](), _slo(case), SPACE, settings,
+    r = tune(Scenario(rate=case.rate, seed=case.seed, contention=contention), COSTS[cost](), _slo(case), SPACE, settings,
              iterations=trials, start=START, seed=seed)
     windows = [h for h in r.trials if h["kind"] in ("complete", "cut", "thin")]
 
@@ -106,6 +112,10 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=60.0)
     ap.add_argument("--eval-seconds", type=float, default=600.0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--contention", type=float, default=0.0,
+                    help="each simulated step's time drawn between 1 and 1 + this times its fastest (1: up "
+                         "to 2x), the mean kept")
+    ap.add_argument("--out", default="tuner_vs_grid", help="results name under bench/results/")
     args = ap.parse_args()
     costs, modes = args.cost.split(","), args.guidance.split(",")
     cases = [c for c in SCENARIOS if c.name in args.scenarios.split(",")]
@@ -114,7 +124,8 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         for cost in costs:
             for case in cases:
-                grid = dict(pool.map(grid_point, [(cost, case, k, args.eval_seconds) for k in SPACE.all_knobs()]))
+                grid = dict(pool.map(grid_point, [(cost, case, k, args.eval_seconds, args.contention)
+                                                        for k in SPACE.all_knobs()]))
                 best_k = max(grid, key=grid.get)
                 best, fixed = grid[best_k], grid[START]
                 entry = {"cost": cost, "scenario": case.name, "rate": case.rate, "itl_slo": case.itl,
@@ -122,8 +133,8 @@ def main() -> None:
                          "fixed_2048_goodput": fixed,
                          "grid": [[k.token_budget, k.max_chunk, g] for k, g in grid.items()], "modes": {}}
                 for mode in modes:
-                    runs = list(pool.map(tune_run, [(cost, case, mode, s, args.trials, args.window)
-                                                    for s in range(args.seeds)]))
+                    runs = list(pool.map(tune_run, [(cost, case, mode, s, args.trials, args.window,
+                                                     args.contention) for s in range(args.seeds)]))
                     entry["modes"][mode] = {"summary": summarize(runs, grid, best, fixed), "runs": runs}
                     s = entry["modes"][mode]["summary"]
                     print(f"{cost} {case.name:9s} {mode:8s} grid best {best_k.token_budget}/{best_k.max_chunk} "
@@ -165,9 +176,10 @@ def main() -> None:
         ax.set(xlabel="share of tuning windows over the SLO", ylabel="final goodput / grid best",
                title=f"{cost} cost: {len(cases)} scenarios x {args.seeds} seeds")
         ax.legend(fontsize=8)
-    save("tuner_vs_grid", {"conditions": conditions(trials=args.trials, window=args.window, ttft_slo=TTFT_SLO,
-                                                    start=[START.token_budget, START.max_chunk],
-                                                    costs={c: COSTS[c]().note for c in costs}),
+    save(args.out, {"conditions": conditions(trials=args.trials, window=args.window, ttft_slo=TTFT_SLO,
+                                             contention=args.contention,
+                                             start=[START.token_budget, START.max_chunk],
+                                             costs={c: COSTS[c]().note for c in costs}),
                            "totals": totals, "scenarios": results}, fig)
 
 

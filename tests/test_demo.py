@@ -31,8 +31,10 @@ def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
     require_tool("prometheus", "sudo apt-get install prometheus")
     # 12-s windows: at the ~0.6 completions/s these two CPU engines manage, an 8-s window held fewer than the
     # demo's 5 requests about half the time, and a run once had nothing but thin windows (seen in CI).
-    proc = demo(tmp_path, "--duration", "90", "--rate", "0.8", "--window", "12")
-    out, _ = proc.communicate(timeout=400)
+    # the sizing runs for real, kept short: one probe round and a 10-s check
+    proc = demo(tmp_path, "--duration", "90", "--rate", "0.8", "--window", "12", "--probe-rounds", "1",
+                "--check-seconds", "10")
+    out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     assert "SLO attainment: tuned" in out and "best fixed knobs in hindsight" in out
     doc = json.loads((tmp_path / "demo.json").read_text())
@@ -41,6 +43,16 @@ def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
     h = doc["hindsight"]
     assert h["best"] and 0 <= h["attainment"] <= 1 and "attainment" in h["error"], h
     assert (tmp_path / "demo.png").stat().st_size > 10_000
+    # the probe's fit with an interval per coefficient, and the measured check on both groups
+    sizing = doc["sizing"]
+    assert sizing["rounds"] == 1 and set(sizing["intervals"]) == set(sizing["coefficients"]), sizing
+    assert sizing["checks"] and all(c["counted_itl"] is not None and c["start_itl"] is not None
+                                    for c in sizing["checks"]), sizing
+    assert "before the load" in out and "measured at the busiest rate" in out
+    # each group on its own cores where there are two or more
+    assert set(doc["placement"]) == ({"tuned", "fixed"} if len(os.sched_getaffinity(0)) >= 2 else set())
+    if doc["placement"]:
+        assert not set(doc["placement"]["tuned"]) & set(doc["placement"]["fixed"])
     assert any(t["kind"] in ("complete", "cut") for t in doc["trials"]), doc["trials"]
     knobs = json.loads((tmp_path / "knobs.json").read_text())
     assert knobs["generation"] >= 1  # the tuner moved the tuned group's knobs
@@ -52,7 +64,7 @@ def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
 
 def test_ctrl_c_stops_everything_and_still_reports(smollm2_dir, tmp_path):
     require_tool("prometheus", "sudo apt-get install prometheus")
-    proc = demo(tmp_path, "--duration", "300")
+    proc = demo(tmp_path, "--duration", "300", "--no-size-to-host")
     deadline = time.monotonic() + 300
     lines = []
     for line in proc.stdout:

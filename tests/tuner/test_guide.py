@@ -226,3 +226,64 @@ def test_no_feasible_knobs_says_so_with_the_replicas_needed_and_applies_the_clos
     assert metrics.registry.get_sample_value(REPLICAS_NEEDED, {"namespace": "ns", "deployment": "heavy"}) == \
         state.replicas_needed
     assert events.written[-1]["tuning"].replicas_needed == state.replicas_needed
+
+
+def _model_with_kv_spread(kv_se: float) -> StepModel:
+    """A CPU-shaped fit whose terms are pinned down but for the KV term, which has standard error `kv_se`."""
+    from chunkpilot.engine.step_cost import FEATURES
+
+    c = {"overhead": 0.03, "prefill_tokens": 0.0008, "decode_seqs": 0.004, "kv_kilotokens": 0.0004,
+         "tokens_over_512": 0.0, "tokens_over_2048": 0.0}
+    se = {"overhead": 0.0005, "prefill_tokens": 1e-6, "decode_seqs": 1e-4, "kv_kilotokens": kv_se,
+          "tokens_over_512": 1e-8, "tokens_over_2048": 1e-9}
+    cov = tuple(tuple((se[a] ** 2 if a == b else 0.0) for b in FEATURES) for a in FEATURES)
+    return StepModel(c, steps=2000, rms_error=0.002, mean_seconds=0.1, covariance=cov)
+
+
+def test_the_separating_trial_is_the_safe_one_the_unidentified_term_weighs_on_most():
+    """The KV term's interval is wide: at its low end the pick is one knob setting, at its high end another. The
+    next trial is then the predicted-safe knobs whose full step the KV term weighs on most; with the KV term
+    identified, nothing needs separating."""
+    from chunkpilot.tuner.predictor import full_step_features
+
+    slo = SLOTargets(ttft=LatencyTarget(0.99, 8.0), itl=LatencyTarget(0.99, 0.5))
+    load = Load(request_rate=0.3, prompts=((256, 1.0),), running=4, mean_context=800)
+    space = SearchSpace.from_bounds((32, 2048), (32, 2048))  # the tuner's default grid
+    context = guide.Context(_model_with_kv_spread(0.001), load)
+    safe = [c for c in guide.screen(context, space.all_knobs(), slo) if c.safe]
+    assert len(safe) > 2
+    knobs, terms = guide.separating(context, safe, slo)
+    assert terms == ["kv_kilotokens"] and knobs in {c.knobs for c in safe}
+
+    def kv_share(k):
+        full = full_step_features(k, load)[-1]
+        return full[3] / context.model.step_seconds(full)
+    assert kv_share(knobs) == max(kv_share(c.knobs) for c in safe)
+    assert knobs != safe[0].knobs  # not the predicted best: the measurement that tells them apart
+
+    pinned = guide.Context(_model_with_kv_spread(1e-6), load)
+    assert guide.separating(pinned, [c for c in guide.screen(pinned, space.all_knobs(), slo) if c.safe], slo) is None
+
+
+def test_the_loop_measures_the_separating_knobs_before_the_predicted_best():
+    """The tuner online, its window's fit leaving the KV term open in a case built for it: the first trial is the
+    separating one (kind "identify"), not the predicted best."""
+    loop, study, sim = _loop(0.5)
+    built = guide.Context(_model_with_kv_spread(0.001), Load(request_rate=0.5, prompts=((256, 1.0),), running=3,
+                                                             mean_context=800))
+    loop.measurer.context = lambda seconds: built
+    stressed = guide.stressed(built, loop.s.drift_load_shift)
+    safe = [c for c in guide.screen(built, SPACE.all_knobs(), SLO, stress=loop.s.drift_load_shift) if c.safe]
+    expected, terms = guide.separating(stressed, safe, SLO)
+    assert terms == ["kv_kilotokens"] and expected != safe[0].knobs
+    loop.iterate()
+    first = [t for t in study.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE][0]
+    assert first.user_attrs["kind"] == "identify"
+    assert (first.user_attrs["token_budget"], first.user_attrs["max_chunk"]) == (expected.token_budget,
+                                                                                 expected.max_chunk)
+    # then the predicted best, as an epoch starts: the identification goes before it, not in its place (the
+    # simulated load can drift from the built one and open a new epoch, which identifies once more first)
+    for _ in range(2):
+        loop.iterate()
+    kinds = [t.user_attrs["kind"] for t in study.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    assert "predicted" in kinds and kinds[:kinds.index("predicted")] == ["identify"] * kinds.index("predicted")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from chunkpilot.engine.step_cost import FEATURES, StepMoments, step_features
-from chunkpilot.tuner.step_model import fit_moments
+from chunkpilot.tuner.step_model import StepModel, fit_moments
 
 
 def steps(seed: int, n: int = 600) -> list[list[tuple[int, int, bool]]]:
@@ -111,3 +111,61 @@ def test_features_unexercised_by_the_window_stay_zero():
     c = fit_moments(acc.terms()).coefficients
     assert c["tokens_over_512"] == 0 and c["tokens_over_2048"] == 0
     assert set(c) == set(FEATURES)
+
+
+def test_each_coefficient_has_an_interval_that_narrows_with_data():
+    wide = fitted(cpu_cost, 7, noise=0.05)
+    acc = StepMoments()
+    rng = np.random.default_rng(8)
+    for seed in range(7, 11):  # four times the steps
+        for chunks in steps(seed):
+            acc.add(step_features(chunks), cpu_cost(chunks) * (1 + 0.05 * rng.standard_normal()))
+    narrow = fit_moments(acc.terms())
+    for f in ("overhead", "prefill_tokens", "decode_seqs"):
+        lo, hi = wide.interval(f)
+        assert lo < wide.coefficients[f] < hi
+        assert narrow.standard_error(f) < 0.7 * wide.standard_error(f), f  # ~1/sqrt(4) of it
+
+
+def test_steps_that_never_vary_identify_nothing_they_cannot_tell_apart():
+    """Every step decodes 8 sequences and computes no prompt: the per-step and the per-sequence costs are one
+    column twice over. The fit must say so (an infinite interval) rather than split the time between them."""
+    acc = StepMoments()
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        chunks = [(int(rng.integers(100, 600)), 1, True) for _ in range(8)]
+        acc.add(step_features(chunks), cpu_cost(chunks) * (1 + 0.02 * rng.standard_normal()))
+    model = fit_moments(acc.terms())
+    terms = model.identification()
+    assert terms["overhead"].high == float("inf") and terms["decode_seqs"].high == float("inf")
+    assert {"overhead", "decode_seqs", "prefill_tokens"} <= set(model.unidentified())
+    # a step like the ones seen (8 decodes) is predicted with a finite interval, collinear or not: the unseen
+    # direction cancels; a step of another composition, or one that uses an unseen feature, is unbounded
+    same = step_features([(300, 1, True)] * 8)
+    assert model.upper().step_seconds(same) < float("inf")
+    assert abs(model.step_seconds(same) - cpu_cost([(300, 1, True)] * 8)) < 0.1 * model.step_seconds(same)
+    assert model.upper().step_seconds(step_features([(300, 1, True)] * 4)) == float("inf")
+    prefill = step_features([(300, 1, True)] * 8 + [(0, 64, False)])
+    assert model.upper().step_seconds(prefill) == float("inf") and model.step_seconds(prefill) < float("inf")
+
+
+def test_an_upper_bound_is_never_below_the_point_prediction_and_a_hand_given_cost_is_exact():
+    model = fitted(cpu_cost, 9)
+    for chunks in steps(10, n=50):
+        lo, hi = model.step_interval(step_features(chunks))
+        assert lo <= model.predict(chunks) <= hi == model.upper().predict(chunks)
+    exact = StepModel(model.coefficients, steps=1, rms_error=0, mean_seconds=1)
+    assert exact.upper().predict(steps(10, n=1)[0]) == exact.predict(steps(10, n=1)[0])
+    assert all(t.status != "unidentified" or t.coefficient == 0 for t in exact.identification().values())
+
+
+def test_contention_noise_keeps_the_mean_and_spans_the_range_it_says():
+    from chunkpilot.tuner.sim.costmodel import Contended, default
+
+    cost = default()
+    chunks = [(0, 64, False), (100, 1, True)]
+    noisy = Contended(cost, 1.0, seed=3)
+    ratios = np.array([noisy.step_seconds(chunks) for _ in range(4000)]) / cost.step_seconds(chunks)
+    assert abs(ratios.mean() - 1) < 0.02 and ratios.max() / ratios.min() > 1.9 and ratios.max() <= 4 / 3 + 1e-9
+    a, b = Contended(cost, 1.0, seed=5), Contended(cost, 1.0, seed=5)  # seeded: a run repeats
+    assert [a.step_seconds(chunks) for _ in range(5)] == [b.step_seconds(chunks) for _ in range(5)]

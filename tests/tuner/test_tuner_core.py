@@ -328,3 +328,31 @@ def test_trial_count_spans_epochs_and_survives_a_restart(study_url):
     assert study.epoch == 1 and study.total_completed() == total == loop.state.trial
     _, reopened = make(fake, storage=url, max_trials=4)
     assert reopened.epoch == 1 and reopened.total_completed() == total
+
+
+def test_one_lucky_window_is_not_a_feasible_setting_where_most_windows_breach():
+    """Under noisy steps, where the typical window breaches, a setting measured once within the SLOs stays
+    infeasible until a second window agrees; where the typical window keeps the SLOs, one window is enough."""
+    study = TunerStudy(":memory:", "ns/demo", SPACE, SLO, "goodput", seed=0)
+    base = window(Knobs(128, 128))
+    breach = Window(**{**base.to_dict(), "itl": 0.12, "goodput": 1.9})  # over the 0.1-s ITL SLO
+    lucky = Window(**{**base.to_dict(), "itl": 0.085, "goodput": 1.5})
+
+    def tell(knobs, w):
+        study.enqueue(knobs, "t")
+        trial, _ = study.ask()
+        study.tell(trial, w)
+    for _ in range(3):
+        tell(Knobs(64, 64), breach)
+    tell(Knobs(96, 64), lucky)
+    by_knobs = {m.knobs: m for m in study.measured()}
+    assert not by_knobs[Knobs(96, 64)].feasible  # one window against a typical breach
+    tell(Knobs(96, 64), lucky)
+    by_knobs = {m.knobs: m for m in study.measured()}
+    assert by_knobs[Knobs(96, 64)].feasible and study.best().knobs == Knobs(96, 64)
+
+    calm = TunerStudy(":memory:", "ns/demo", SPACE, SLO, "goodput", seed=0)
+    calm.enqueue(Knobs(96, 64), "t")
+    trial, _ = calm.ask()
+    calm.tell(trial, lucky)
+    assert calm.best().feasible  # nothing typical to doubt it against

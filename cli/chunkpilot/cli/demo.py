@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -25,8 +26,12 @@ def demo(
     live: bool = typer.Option(True, help="Show the live view (off: one line every 10 s)."),
     size_to_host: bool = typer.Option(True, help="Probe the engines first and size the load to this machine: "
                                                  "outputs up to 2x longer where decode steps are quick, long prompts "
-                                                 "shrunk to what it prefills within the SLOs (off: the configured "
-                                                 "lengths)."),
+                                                 "shrunk to what it prefills within the SLOs, then a measured check "
+                                                 "at the busiest rate (off: the configured lengths)."),
+    probe_rounds: int = typer.Option(4, min=1, help="At most this many rounds of the sizing's probe (it stops "
+                                                    "as soon as every step-cost term is identified)."),
+    check_seconds: float = typer.Option(40.0, min=5.0, help="Seconds of the sizing's measured check at the "
+                                                            "busiest rate."),
 ) -> None:
     """Show online tuning keep the SLOs: engines + load + Prometheus + tuner on this machine, no cluster."""
     import shutil
@@ -58,19 +63,20 @@ def demo(
             console.print(f"[red]error:[/] {e}")
             raise typer.Exit(2)
     config = DemoConfig(model=str(model), out=out, duration=duration, replicas=replicas, rate=rate, window=window,
-                        ttft_slo=ttft_slo, itl_slo=itl_slo, size_to_host=size_to_host)
+                        ttft_slo=ttft_slo, itl_slo=itl_slo, size_to_host=size_to_host, probe_rounds=probe_rounds,
+                        check_seconds=check_seconds)
     run = None
     interrupted = False
+    stop = threading.Event()  # before start(): Ctrl-C during the sizing ends it too
 
     def on_signal(*_):
         nonlocal interrupted
         interrupted = True
-        if run is not None:
-            run.stop.set()
+        stop.set()
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        run = start(config, say=lambda s: console.print(s))
+        run = start(config, say=lambda s: console.print(s), stop=stop)
         console.print(f"load for {duration:.0f}s; Prometheus at {run.prometheus.url}; logs in {out}/")
         t0 = time.monotonic()
         if live:
@@ -92,9 +98,12 @@ def demo(
         raise typer.Exit(1)
     finally:
         if run is not None and run.prometheus is not None:
-            data = report.series(run)  # before Prometheus stops
-            hindsight = None if interrupted else report.hindsight(run)
-            shutdown(run)
+            try:
+                data = report.series(run)  # before Prometheus stops
+                run.busy_contention = None if interrupted else report.contention(run)
+                hindsight = None if interrupted else report.hindsight(run)
+            finally:
+                shutdown(run)  # whatever the report could not do, no process outlives the demo
             png = report.plot(run, data)
             path = save_json(run, {"series": data, "interrupted": interrupted, "hindsight": hindsight})
             console.print(f"report: {png} and {path}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from chunkpilot.tuner.child_process import free_port, stop_process, wait_http_re
 
 
 class EngineProcess:
-    def __init__(self, model: str, name: str, log_dir: Path, *args: str) -> None:
+    def __init__(self, model: str, name: str, log_dir: Path, *args: str, cores: set[int] | None = None) -> None:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -18,7 +19,10 @@ class EngineProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "chunkpilot.cli.main", "engine", "serve", "--model", model, "--host", "127.0.0.1",
              "--port", str(self.port), "--served-model-name", "smollm2", "--log-level", "warning", *args],
-            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
+            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT,
+            # pinned before exec, so every thread torch starts inherits the cores
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        self.cores = cores
 
     def wait_ready(self, timeout: float = 300.0) -> EngineProcess:
         wait_http_ready(self.proc, self.url + "/ready", f"engine {self.name}", self.log_path, timeout, poll=0.3)

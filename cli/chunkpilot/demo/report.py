@@ -97,6 +97,30 @@ def hindsight_line(h: dict | None) -> str:
             f"the same simulation of the fixed group's knobs is off by {err['attainment']:+.0%} attainment{good}")
 
 
+def contention(run: DemoRun) -> float | None:
+    """The tuned group's steps over the busiest phase (the middle half of the load): measured seconds over what
+    the probe's fit predicts for the same steps. 1 means the probe's steps and the busy phase's cost alike; what it
+    reads above 1 is what sharing the machine added, measured, not assumed."""
+    if run.sizing is None or run.sizing.model is None or run.prometheus is None or not run.started:
+        return None
+    from chunkpilot.demo.check import measured_over_predicted
+    from chunkpilot.tuner.prometheus import step_moments_query
+
+    quarter = run.config.duration / 4
+    at = min(time.time(), run.started + 3 * quarter)
+    seconds = at - (run.started + quarter)
+    if seconds < 10:
+        return None
+    try:
+        body = httpx.get(run.prometheus.url + "/api/v1/query", params={
+            "query": step_moments_query('job="chunkpilot-tuned"', seconds), "time": at}, timeout=20).json()
+        terms = {r["metric"][m.STEP_COST_TERM_LABEL]: float(r["value"][1]) for r in body["data"]["result"]
+                 if m.STEP_COST_TERM_LABEL in r["metric"]}
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+    return measured_over_predicted(run.sizing.model, terms)
+
+
 def summary_line(run: DemoRun) -> str:
     s = summary(run)
     t, f = s["tuned"], s["fixed"]
@@ -104,10 +128,19 @@ def summary_line(run: DemoRun) -> str:
     c = run.config
     shapes = c.shapes()
     (lo, hi), (out_lo, out_hi) = shapes["rag"].prompt, shapes["chat"].output
-    return (f"SLO attainment: tuned {t['attainment']:.0%} vs fixed start-up knobs {f['attainment']:.0%}; goodput "
+    line = (f"SLO attainment: tuned {t['attainment']:.0%} vs fixed start-up knobs {f['attainment']:.0%}; goodput "
             f"{t['goodput']:.2f} vs {f['goodput']:.2f} req/s ({ratio}), same requests, same machine, same run "
-            f"(long prompts {lo}-{hi} tokens, outputs {out_lo}-{out_hi} tokens, ITL SLO {c.itl_slo:g} s"
+            f"({c.rate:g} req/s per engine at the busiest, long prompts {lo}-{hi} tokens, outputs {out_lo}-{out_hi} tokens, ITL SLO {c.itl_slo:g} s"
             f"{', sized to this machine' if c.size_to_host else ''})")
+    sizing = run.sizing
+    if sizing is not None and sizing.checks:
+        check = sizing.checks[-1]
+        line += (f"; before the load, {'passed' if check.ok else 'NOT passed'} after {len(sizing.checks)} "
+                 f"check{'s' * (len(sizing.checks) != 1)}: {check.line()}")
+    busy = getattr(run, "busy_contention", None)
+    if busy:
+        line += f"; the busy phase's steps took {busy:.2f}x the probe fit's prediction"
+    return line
 
 
 def figure(run: DemoRun, data: dict):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,9 @@ from chunkpilot.demo.engines import EngineProcess
 
 log = logging.getLogger(__name__)
 GROUPS = ("tuned", "fixed")
+# Prometheus, the load generator and the tuner run at this niceness: below the engines, whose step times are what
+# the demo measures and the tuner models.
+HELPERS_NICE = 5
 # The engines' and the tuner's settings, one place for the run and the report's hindsight replay of it.
 MAX_NUM_SEQS = 16
 KNOB_BOUNDS = (32, 2048)  # token budget and max chunk alike
@@ -46,9 +50,8 @@ class DemoConfig:
     replicas: int = 1  # engines per group
     rate: float = 0.5  # requests/s per engine at the busiest phase
     start: Knobs = Knobs(2048, 2048)  # vLLM's API-server default budget, unchunked
-    # p99 seconds. Sized so that the best fixed knobs for the trace meet ~97 % of its requests on the 2-core machine
-    # as measured 2026-12-01 (the demo's own hindsight replay: 89 % at 8 s, 94 % at 10 s, 97 % at 12 s); the same
-    # host ran its matmuls 2.2x slower that day than on 2026-11-29, when 8 s left the best knobs room.
+    # p99 seconds: long enough that a 1024-token prompt queued behind another at the busiest rate is still served
+    # in time on a slow 2-core host (the ITL SLO, not this one, is what the start-up knobs break).
     ttft_slo: float = 12.0
     itl_slo: float = 0.5  # p99 seconds
     window: float = 20.0
@@ -59,6 +62,8 @@ class DemoConfig:
     size_to_host: bool = True  # size outputs and long prompts to this machine (chunkpilot.demo.sizing)
     rag_scale: float = 1.0  # the long prompts' length against SHAPES (what the sizing chose)
     output_scale: float = 1.0  # every stream's output length against SHAPES (what the sizing chose)
+    probe_rounds: int = 4  # at most this many rounds of the probe (chunkpilot.demo.probe)
+    check_seconds: float = 40.0  # the measured check's length at the busiest rate (chunkpilot.demo.check)
 
     def shapes(self, rag_scale: float | None = None) -> dict[str, Shape]:
         scale = self.rag_scale if rag_scale is None else rag_scale
@@ -87,6 +92,9 @@ class DemoRun:
     stop: threading.Event = field(default_factory=threading.Event)
     knobs_file: Path | None = None
     errors: list[str] = field(default_factory=list)
+    sizing: object | None = None  # chunkpilot.demo.sizing.Sizing, when the load was sized to the host
+    placement: dict[str, list[int]] = field(default_factory=dict)  # the cores each group's engines run on
+    busy_contention: float | None = None  # the busy phase's steps against the probe fit (report.contention)
 
 
 def _engine_args(config: DemoConfig, knobs_file: Path | None) -> list[str]:
@@ -96,28 +104,36 @@ def _engine_args(config: DemoConfig, knobs_file: Path | None) -> list[str]:
     return args + (["--knobs-file", str(knobs_file)] if knobs_file else [])
 
 
-def start(config: DemoConfig, say=print) -> DemoRun:
-    """Engines, Prometheus, tuner (not yet iterating). Raises with a clear message when a part cannot start."""
+def start(config: DemoConfig, say=print, stop: threading.Event | None = None) -> DemoRun:
+    """Engines, Prometheus, tuner (not yet iterating). Raises with a clear message when a part cannot start.
+    `stop` (set by Ctrl-C) ends the sizing early and is the run's stop event."""
     config.out.mkdir(parents=True, exist_ok=True)
-    run = DemoRun(config)
+    run = DemoRun(config, stop=stop or threading.Event())
     run.knobs_file = config.out / "knobs.json"
     run.knobs_file.unlink(missing_ok=True)
-    say(f"starting {2 * config.replicas} engine processes (SmolLM2, CPU, {config.threads} thread each)...")
-    for group in GROUPS:
-        run.engines[group] = [EngineProcess(config.model, f"{group}-{i}", config.out,
-                                            *_engine_args(config, run.knobs_file if group == "tuned" else None))
-                              for i in range(config.replicas)]
-    for e in (e for es in run.engines.values() for e in es):
-        e.wait_ready()
-    say("starting Prometheus (1 s scrapes)...")
-    run.prometheus = PrometheusServer(config.out / "prometheus", {
-        f"chunkpilot-{g}": [e.url.removeprefix("http://") for e in run.engines[g]] for g in GROUPS}).start()
-    if config.size_to_host:
-        from chunkpilot.demo.sizing import size
-
-        config = run.config = size(config, [e.url for es in run.engines.values() for e in es], run.prometheus.url,
-                                   'job=~"chunkpilot-(tuned|fixed)"', SearchSpace.from_bounds(KNOB_BOUNDS, KNOB_BOUNDS),
-                                   say=say)
+    try:
+        run.placement = placement()
+        where = "; ".join(f"{g} on core{'s' * (len(c) > 1)} {','.join(map(str, c))}" for g, c in run.placement.items())
+        say(f"starting {2 * config.replicas} engine processes (SmolLM2, CPU, {config.threads} thread each"
+            f"{'; ' + where if where else '; one core: not pinned'})...")
+        for group in GROUPS:
+            cores = set(run.placement[group]) if run.placement else None
+            run.engines[group] = [EngineProcess(config.model, f"{group}-{i}", config.out,
+                                                *_engine_args(config, run.knobs_file if group == "tuned" else None),
+                                                cores=cores)
+                                  for i in range(config.replicas)]
+        for e in (e for es in run.engines.values() for e in es):
+            e.wait_ready()
+        # Everything started from here on (Prometheus, and this process's load generator and tuner) yields to them.
+        os.nice(HELPERS_NICE)
+        say("starting Prometheus (1 s scrapes)...")
+        run.prometheus = PrometheusServer(config.out / "prometheus", {
+            f"chunkpilot-{g}": [e.url.removeprefix("http://") for e in run.engines[g]] for g in GROUPS}).start()
+        if config.size_to_host:
+            config = run.config = _size(run, config, say)
+    except BaseException:
+        shutdown(run)  # a part that failed to start leaves none of the others running
+        raise
     storage = config.out / "study.db"
     storage.unlink(missing_ok=True)  # each demo starts a fresh study
     tuning = TuningConfig(
@@ -129,6 +145,56 @@ def start(config: DemoConfig, say=print) -> DemoRun:
                             selector='job="chunkpilot-tuned"', start=config.start,
                             status_file=config.out / "tuner-status.json", stop=run.stop)
     return run
+
+
+def placement() -> dict[str, list[int]]:
+    """Each group's engines on half of this process's cores (none when there are fewer than two), so that one
+    group's steps do not slow the other's."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return {}
+    half = len(cores) // 2
+    return {"tuned": cores[:half], "fixed": cores[half:2 * half]}  # as many each: an odd core stays free
+
+
+def _size(run: DemoRun, config: DemoConfig, say) -> DemoConfig:
+    """Probe, size, check (chunkpilot.demo.sizing); the configured load when the probe fails or says too little.
+    The tuned group is left at the start-up knobs, where the tuner starts."""
+    from chunkpilot.demo import probe as probes
+    from chunkpilot.demo.check import EngineCheck
+    from chunkpilot.demo.sizing import Sizing, size
+    from chunkpilot.tuner.local import FileActuator
+    from chunkpilot.tuner.prometheus import PrometheusSource
+
+    source = PrometheusSource(run.prometheus.url, 'job="chunkpilot-tuned"')
+    runner = probes.EngineProbe([e.url for e in run.engines["tuned"]],
+                                FileActuator(run.knobs_file, source, config.start), source.step_model, stop=run.stop)
+    space = SearchSpace.from_bounds(KNOB_BOUNDS, KNOB_BOUNDS)
+    say("probing the tuned group's engines (decode steps at 1, 4 and 16 sequences; prefill in 32-, 128- and "
+        "512-token chunks and unchunked) until the step-time fit identifies every term...")
+    try:
+        model, rounds = probes.probe(runner, MAX_NUM_SEQS, config.start, KNOB_BOUNDS[1], say=say,
+                                     max_rounds=config.probe_rounds)
+        if model is None:
+            say("the probe fitted no step-time model: keeping the configured lengths")
+            return config
+        terms = probes.describe(model, KNOB_BOUNDS[1], MAX_NUM_SEQS)
+        say(f"step-time fit after {rounds} round{'s' * (rounds != 1)} ({model.steps:.0f} steps): {terms}")
+        check = EngineCheck({g: [e.url for e in run.engines[g]] for g in GROUPS}, runner.apply, run.prometheus.url,
+                            model, seconds=config.check_seconds)
+        config, run.sizing = size(config, model, space, check, say=say,
+                                  sizing=Sizing(model=model, rounds=rounds, terms=terms))
+    except Exception as e:  # noqa: BLE001 - sizing is a refinement: the demo goes on with the configured load
+        say(f"sizing failed ({type(e).__name__}: {e}): keeping the configured lengths")
+        log.exception("sizing failed")
+        return run.config
+    finally:
+        # the tuner starts from the start-up knobs, as the fixed group runs them, whatever the sizing did
+        try:
+            runner.apply(config.start, force=True)
+        except Exception as e:  # noqa: BLE001 - said, and the tuner's own actuator writes the knobs again
+            say(f"could not set the tuned group back to the start-up knobs ({type(e).__name__}: {e})")
+    return config
 
 
 def _load_thread(run: DemoRun, group: str) -> threading.Thread:
@@ -211,7 +277,9 @@ def summary(run: DemoRun) -> dict:
 def save_json(run: DemoRun, extra: dict) -> Path:
     state = run.tuner.state if run.tuner else None
     doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(run.config).items()},
-           "summary": summary(run), "trials": state.history if state else [], "errors": run.errors,
+           "summary": summary(run), "placement": run.placement,
+           "sizing": run.sizing.to_dict() if run.sizing is not None else None,
+           "busy_contention": run.busy_contention, "trials": state.history if state else [], "errors": run.errors,
            "pids": [e.proc.pid for es in run.engines.values() for e in es] +
                    ([run.prometheus.proc.pid] if run.prometheus and run.prometheus.proc else []), **extra}
     path = run.config.out / "demo.json"

@@ -11,9 +11,14 @@ the measured load, which of them it predicts best, and how many replicas that lo
   that every window shares (the predictor's global bias) and by how the windows near the candidate deviate from it
   (a kernel over the knobs' log distance), each shrunk towards 1, so the predictor's systematic error is corrected
   everywhere and its local error where knobs were tried.
-* The margin widens with the model's uncertainty: every prediction is inflated by 1 + u before it is judged, u
-  from the step-time fit's residual (per step) and from the spread of that quantity's measured/predicted ratios
-  (each its own: the TTFT estimate's larger error must not narrow what ITL allows).
+* The margin widens with the model's uncertainty. Every step is predicted at the upper end of its interval
+  (StepModel.upper: a term the window does not identify makes a step dearer, never cheaper), and that prediction
+  is inflated by 1 + u before it is judged, u from the step-time fit's residual (per step) and from the spread of
+  that quantity's measured/predicted ratios (each its own: the TTFT estimate's larger error must not narrow what
+  ITL allows).
+* When the pick among the predicted-safe candidates turns on a term the window does not identify (the pick at
+  the low end of its interval is not the pick at the high end), the next trial is the safe candidate whose steps
+  that term weighs on most (`separating`): the measurement that narrows it, instead of a guess between them.
 * Prefill capacity is calibrated the same way against the capacity the engines measured (Window.prefill_capacity).
 * A measurement wins where it was taken at about this load: such knobs are safe or not by what was measured (the
   loop does that; `screen` judges only predictions).
@@ -24,10 +29,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from chunkpilot.engine.step_cost import FEATURES
 from chunkpilot.tuner.measurement import LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, SLOTargets
-from chunkpilot.tuner.predictor import Load, Prediction, predict
+from chunkpilot.tuner.predictor import Load, Prediction, full_step_features, predict
 from chunkpilot.tuner.space import Knobs
-from chunkpilot.tuner.step_model import StepModel
+from chunkpilot.tuner.step_model import UNIDENTIFIED, StepModel
 
 # Shrinkage of the calibration towards "the predictor is right": the weight of one pseudo-window at ratio 1.
 PRIOR_WEIGHT = 1.0
@@ -44,10 +50,9 @@ MAX_UNCERTAINTY = 1.0
 REPLICAS_CAP = 64  # beyond this many pods the answer is "scale the model, not the replicas"
 MIN_USEFUL_UTILIZATION = 0.2  # pods needed only if left this idle say a single request is too slow
 # Predicted inter-token stalls within this share of the least count as the least stall, and the TTFT decides
-# among them: same-chunk knobs with a larger budget stall decodes nearly alike and queue prompts far less (the
-# simulator's CPU 1.0 req/s / 0.25-s scenario, where nothing keeps the ITL SLO: the least stall alone ended on
-# 64/64 in all 30 seeds, at 86.8 % of the grid-best goodput; with the tolerance, 96/64 at 99.8 %). Small enough to keep out a larger chunk: in the demo 48/48 was predicted 28 % above 32/32 and measured
-# 0.74-0.86 s against its 0.49 s.
+# among them: same-chunk knobs with a larger budget stall decodes nearly alike and queue prompts far less. It must
+# stay below the step-time difference of the next chunk size up (a quarter octave: 19 % more prompt tokens a step),
+# or a larger chunk, which stalls every running stream longer, would count as "the least stall".
 STALL_TOLERANCE = 0.10
 
 
@@ -157,6 +162,7 @@ def judge(context: Context, knobs: Knobs, slo: SLOTargets, observations: list[Ob
     utilization, so capacity calibrates utilization inversely."""
     observations = list(observations)
     prediction = predict(context.model, knobs, context.load)
+    bound = predict(context.model.upper(), knobs, context.load) if context.model.covariance else prediction
     fit = context.model.relative_error
 
     def calibrated(value: float, which: str, inverse: bool = False) -> float:
@@ -166,17 +172,16 @@ def judge(context: Context, knobs: Knobs, slo: SLOTargets, observations: list[Ob
 
     candidate = Candidate(
         knobs=knobs, prediction=prediction,
-        itl=calibrated(prediction.itl_p99, "itl") if slo.itl else None,
-        ttft=calibrated(prediction.ttft_p99, "ttft") if slo.ttft else None,
-        utilization=calibrated(prediction.utilization, "capacity", inverse=True))
+        itl=calibrated(bound.itl_p99, "itl") if slo.itl else None,
+        ttft=calibrated(bound.ttft_p99, "ttft") if slo.ttft else None,
+        utilization=calibrated(bound.utilization, "capacity", inverse=True))
     return Judged(candidate, candidate.pressure_of(slo))
 
 
 def stressed(context: Context, stress: float) -> Context:
     """The context with `stress` more arrivals and decodes in flight: knobs must keep the SLOs through the load
     changes the tuner does not treat as drift (TunerSettings.drift_load_shift), or a quiet minute makes every
-    budget look safe and the first busy one breaches (the demo, before this: 432/368 tried on a calm window's
-    say-so, 2.1 s inter-token p99 a window later)."""
+    budget look safe and the first busy one breaches."""
     load = context.load
     return Context(context.model, Load(request_rate=load.request_rate * (1 + stress), prompts=load.prompts,
                                        running=load.running * (1 + stress), mean_context=load.mean_context),
@@ -192,16 +197,61 @@ def screen(context: Context, candidates: list[Knobs], slo: SLOTargets,
     return sorted(judged, key=lambda c: (c.pressure, c.knobs.token_budget, c.knobs.max_chunk))
 
 
+def decision_steps(context: Context, candidates: list[Knobs]) -> list[tuple[float, ...]]:
+    """The feature vectors of the steps a choice among `candidates` is about: each one's decode-only step and its
+    full step (the running decodes plus a full prompt share), at the load."""
+    out = []
+    for k in candidates:
+        out.extend(full_step_features(k, context.load))
+    return out
+
+
+def separating(context: Context, safe: list[Judged], slo: SLOTargets, observations: list[Observation] = ()
+               ) -> tuple[Knobs, list[str]] | None:
+    """When the pick among the predicted-safe candidates (`safe`, least pressure first) depends on terms the
+    window does not identify: the candidate whose measurement tells most about them, and those terms. The pick
+    "depends" when judging with those coefficients at the low end of their intervals and at the high end picks
+    different knobs. The most informative candidate is the one whose steps those terms weigh on most: the
+    largest share of its full step's time is their uncertainty. None when the pick holds either way."""
+    if len(safe) < 2 or context.model.covariance is None:
+        return None
+    knobs = [c.knobs for c in safe]
+    terms = context.model.identification(decision_steps(context, knobs))
+    open_ = [f for f, t in terms.items() if t.status == UNIDENTIFIED]
+    if not open_:
+        return None
+    picks = set()
+    for end in ("low", "high"):
+        values = {f: getattr(terms[f], end) for f in open_}
+        if any(not math.isfinite(v) for v in values.values()):
+            values = {f: (v if math.isfinite(v) else 2 * terms[f].coefficient + max(
+                terms[f].low, 1e-6)) for f, v in values.items()}  # unbounded: a what-if well above the estimate
+        exact = StepModel(coefficients={**context.model.coefficients, **values}, steps=context.model.steps,
+                          rms_error=context.model.rms_error, mean_seconds=context.model.mean_seconds)
+        end_context = Context(exact, context.load, context.pods)
+        judged = sorted((judge(end_context, k, slo, observations) for k in knobs),
+                        key=lambda c: (c.pressure, c.knobs.token_budget, c.knobs.max_chunk))
+        picks.add(judged[0].knobs)
+    if len(picks) < 2:
+        return None
+    indices = [i for i, f in enumerate(FEATURES) if f in open_]
+
+    def weight(k: Knobs) -> float:
+        """The open terms' share of the full step's predicted time, at the upper ends of their intervals."""
+        full = full_step_features(k, context.load)[-1]
+        seconds = max(1e-9, context.model.step_seconds(full))
+        return sum(min(terms[FEATURES[i]].high, 1e3) * full[i] for i in indices) / seconds
+    return max(knobs, key=lambda k: (weight(k), -k.token_budget)), open_
+
+
 def closest(screened: list[Judged], slo: SLOTargets) -> Knobs:
     """When nothing is predicted to keep every SLO: the knobs that keep the inter-token SLO and keep up, with the
     least TTFT among them; when none keeps the inter-token SLO, the least TTFT among the knobs whose inter-token
     stall is within STALL_TOLERANCE of the least (among the knobs that keep up, if any do); without an ITL SLO, the
-    least pressure. A decode stall hits every stream that is running (the fixed group of the demo, stalled by
-    unchunked prompts, met 65 % of its requests), a long wait only the prompts queued behind it (the best fixed
-    knobs for the same trace, 64/64, met 90 %). The least overall pressure is no fallback for ITL: near saturation
-    the predicted TTFT dominates it and is the least certain number (the demo read 122 s predicted against 7 s
-    measured), and chasing it took 48/48 and 64/64, which then stalled every stream for 0.74-0.86 s against a
-    0.5-s SLO where 32/32 read 0.49 s."""
+    least pressure. Why the ITL first: a decode stall breaches every stream that is running, a long wait only the
+    prompts queued behind it. Why not the least overall pressure: near saturation the predicted TTFT dominates it
+    and is the least certain number the predictor makes (a queue's tail from a mean service time), so chasing it
+    picks larger chunks, which stall every stream."""
     def keeps_up(c: Judged) -> bool:
         return c.candidate.utilization < 1.0
 

@@ -292,13 +292,24 @@ class TunerLoop:
         log.info("%d of %d knobs allowed at %.2f req/s per pod (%d measured); predicted best %s/%s at %.0f%% of "
                  "its tightest limit", len(allowed), len(screened), context.load.request_rate, len(measured),
                  screened[0].knobs.token_budget, screened[0].knobs.max_chunk, 100 * screened[0].pressure)
-        if not self.study.completed() and not self.study.waiting():
+        # Active identification: when the pick among the safe knobs turns on a term this window's steps do not pin
+        # down, measure the safe knobs that separate the candidates before trusting either.
+        split = None if self.study.waiting() else guide.separating(
+            guide.stressed(context, self.s.drift_load_shift), [c for c in screened if c.knobs in allowed], self.slo,
+            observations)
+        if split is not None and split[0] not in measured:
+            self.study.enqueue(split[0], "identify")
+            log.info("the pick among the safe knobs depends on %s, which the steps do not identify: trying %s/%s, "
+                     "whose steps those terms weigh on most", ", ".join(split[1]), split[0].token_budget,
+                     split[0].max_chunk)
+        elif not self.study.waiting() and all(t.user_attrs.get("kind") == "identify" for t in self.study.completed()):
+            # the epoch's first trial (after any that identified the model): the predicted best
             best = next(c for c in screened if c.knobs in allowed)
-            self.study.enqueue(best.knobs, "predicted")  # the epoch's first trial: the predicted best
+            self.study.enqueue(best.knobs, "predicted")
         by_knobs = {c.knobs: c for c in screened}
         for _ in range(MAX_REJECTED_ASKS):
             trial, knobs = self.study.ask()
-            if knobs in allowed or trial.user_attrs.get("kind") in ("incumbent", "predicted"):
+            if knobs in allowed or trial.user_attrs.get("kind") in ("incumbent", "predicted", "identify"):
                 return trial, knobs
             c = by_knobs[knobs]
             self.study.reject(trial, c.candidate.constraints(self.slo), "measured infeasible" if knobs in measured else

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from chunkpilot.engine.step_cost import features_of, kv_kilotokens
 from chunkpilot.tuner.space import Knobs
-from chunkpilot.tuner.step_model import StepModel
+from chunkpilot.tuner.step_model import StepModel, UpperBound
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,18 @@ def _chunks(tokens: int, max_chunk: int, start: float) -> list[tuple[float, int]
     return out
 
 
-def predict(model: StepModel, knobs: Knobs, load: Load, quantile: float = 0.99) -> Prediction:
+def full_step_features(knobs: Knobs, load: Load) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The feature vectors of the two steps these knobs are judged by at this load: decode-only (the running
+    decodes) and full (the decodes plus a full prompt share in chunks of at most max_chunk)."""
+    decodes = max(0, round(load.running))
+    share = max(1, knobs.token_budget - decodes)
+    decode_kv = decodes * kv_kilotokens(load.mean_context, 1)
+    chunks = _chunks(share, knobs.max_chunk, load.mean_prompt_tokens / 2)
+    return (features_of(0, decodes, decode_kv),
+            features_of(share, decodes, decode_kv + sum(kv_kilotokens(s, n) for s, n in chunks)))
+
+
+def predict(model: StepModel | UpperBound, knobs: Knobs, load: Load, quantile: float = 0.99) -> Prediction:
     decodes = max(0, round(load.running))
     share = max(1, knobs.token_budget - decodes)  # what a step has left for prompts
     per_prompt = min(knobs.max_chunk, share)  # one prompt gets at most this many tokens a step

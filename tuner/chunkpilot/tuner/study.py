@@ -32,6 +32,9 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 # Optuna 5 stores constraints per trial (`Trial.set_constraint`) and deprecates the sampler's constraints_func;
 # Optuna 4 has only constraints_func. Both read what `record_constraints` writes.
 SHRINK = 1.0  # pseudo-windows of the median added to every setting's mean
+# Violations (the largest constraint: a share of a limit over 1) this close to the least count as alike when no
+# setting is feasible: a tenth of a limit, what one window's noise moves a p99 by.
+VIOLATION_TOLERANCE = 0.1
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 
 
@@ -205,10 +208,17 @@ class TunerStudy:
         values = sorted(value.values())
         prior = values[len(values) // 2] if values else 0.0
         demand = self.reference_demand(trials=completed)
+        # Feasibility is shrunk the same way, but only ever towards infeasible: where most windows breach some
+        # limit (the median window's largest constraint is over 0), one window within the limits under noisy steps
+        # does not make a feasible setting until another agrees; where most windows keep the SLOs, nothing changes.
+        every = {t.number: _constraints_now(t, self.slo, demand) for t in completed}
+        violations = sorted(max(c, default=0.0) for c in every.values())
+        typical = violations[len(violations) // 2] if violations else 0.0
         out = []
         for k, ts in groups.items():
             n = len(ts)
-            cons = [sum(c) / n for c in zip(*[_constraints_now(t, self.slo, demand) for t in ts])]
+            sums = [sum(c) for c in zip(*[every[t.number] for t in ts])]
+            cons = [s_ / n if n > 1 else max(s_, (s_ + SHRINK * typical) / (1 + SHRINK)) for s_ in sums]
             score = (sum(value[t.number] for t in ts) + SHRINK * prior) / (n + SHRINK)
             out.append(Measured(k, score, all(c <= 0 for c in cons), ts[-1].user_attrs.get("window", {}), n,
                                 max(cons, default=0.0)))
@@ -234,4 +244,11 @@ class TunerStudy:
         feasible = [m for m in measured if m.feasible]
         if feasible:
             return max(feasible, key=lambda m: (m.objective, -m.knobs.token_budget))
-        return min(measured, key=lambda m: (m.violation, -m.objective)) if measured else None
+        if not measured:
+            return None
+        # None feasible: the least violating, where settings within VIOLATION_TOLERANCE of the least count as
+        # equally violating and the objective decides (noisy windows reorder violations that close, and the
+        # objective is what the user asked for among the settings that miss alike).
+        least = min(m.violation for m in measured)
+        near = [m for m in measured if m.violation <= least + VIOLATION_TOLERANCE]
+        return max(near, key=lambda m: (m.objective, -m.violation))

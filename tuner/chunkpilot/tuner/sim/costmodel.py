@@ -100,6 +100,29 @@ class FittedCost:
         return max(1e-4, self.model.predict(chunks))
 
 
+class Contended:
+    """Another cost with contention noise: every step's time is multiplied by (1 + noise·U) / (1 + noise/2), U
+    uniform in [0, 1] and drawn anew each step, as when other processes share the cores at random moments. The
+    slowest step is 1 + noise times the fastest (noise 1: up to 2x), and the mean stays the cost's own, so that a
+    scenario keeps its load and the grid its best knobs: what changes is that the step-time fit sees every step
+    through that noise, and the tail latencies carry it. Seeded: runs repeat."""
+
+    def __init__(self, cost: StepCost, noise: float, seed: int = 0) -> None:
+        if noise < 0:
+            raise ValueError(f"contention noise must be >= 0, got {noise}")
+        self.cost, self.noise = cost, noise
+        self._rng = np.random.default_rng(seed)
+
+    @property
+    def note(self) -> str:
+        return (f"{getattr(self.cost, 'note', '')}; contention: each step's time x (1 + {self.noise:g}U) / "
+                f"{1 + self.noise / 2:g}, U uniform in [0, 1] (the slowest {1 + self.noise:g}x the fastest, mean 1)")
+
+    def step_seconds(self, chunks: list[tuple[int, int, bool]]) -> float:
+        factor = (1.0 + self.noise * float(self._rng.random())) / (1.0 + self.noise / 2)
+        return self.cost.step_seconds(chunks) * factor
+
+
 def gpu_shaped() -> GpuShapedCost:
     """A GPU's shape at the CPU model's time scale, so the same workloads and SLOs make both knobs matter: a step
     costs 0.12 s up to a knee at 300 tokens (between the step-time model's hinges at 0 and 512), then 0.4 ms a

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from chunkpilot.loadgen.workloads import MIXES, SHAPES, Phase, build_workload, scaled
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import SLOTargets, Window
-from chunkpilot.tuner.sim.costmodel import StepCost
+from chunkpilot.tuner.sim.costmodel import Contended, StepCost
 from chunkpilot.tuner.sim.simulator import SimActuator, SimMeasurer, Simulator
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import TunerState
@@ -22,6 +22,10 @@ class Scenario:
     rag_scale: float = 0.25  # rag prompts of 2k-8k tokens scaled to what a 2-core CPU prefills in seconds
     seed: int = 0
     vocab: int = 49152
+    contention: float = 0.0  # each step up to 1 + this times as long, at random (sim.costmodel.Contended)
+
+    def cost(self, cost: StepCost, seed_offset: int = 0) -> StepCost:
+        return Contended(cost, self.contention, self.seed + seed_offset) if self.contention else cost
 
     def workload(self, seconds: float, seed_offset: int = 0):
         shapes = {"chat": SHAPES["chat"], "rag": scaled(SHAPES["rag"], self.rag_scale, None)}
@@ -32,7 +36,7 @@ class Scenario:
 def evaluate(knobs: Knobs, scenario: Scenario, cost: StepCost, slo: SLOTargets, seconds: float = 600.0,
              warmup: float = 60.0) -> Window:
     """Fixed knobs for the whole run; the window after the warm-up."""
-    sim = Simulator(cost, scenario.workload(seconds + warmup, seed_offset=1000), knobs)
+    sim = Simulator(scenario.cost(cost, 1000), scenario.workload(seconds + warmup, seed_offset=1000), knobs)
     sim.advance(warmup + seconds)
     return sim.window(seconds, slo)
 
@@ -56,7 +60,7 @@ def tune(scenario: Scenario, cost: StepCost, slo: SLOTargets, space: SearchSpace
          *, iterations: int, start: Knobs, storage: str = ":memory:", seed: int = 0) -> TuneResult:
     """The tuner online against one long simulated run (the load keeps arriving while it tries knobs)."""
     horizon = iterations * (settings.window + settings.warmup) * 2 + 600
-    sim = Simulator(cost, scenario.workload(horizon), start)
+    sim = Simulator(scenario.cost(cost, seed), scenario.workload(horizon), start)
     study = TunerStudy(storage, "sim", space, slo, settings.objective, seed=seed)
     pub = _Quiet()
     loop = TunerLoop(settings, space, study, SimActuator(sim), SimMeasurer(sim, slo), pub, slo)
