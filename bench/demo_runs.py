@@ -35,19 +35,22 @@ def summarize(folder: Path) -> dict:
                         "ratio": tuned["goodput"] / fixed["goodput"] if fixed["goodput"] else None},
             "config": {k: doc["config"][k] for k in ("rate", "itl_slo", "ttft_slo", "rag_scale", "output_scale")},
             "probe": {"rounds": sizing.get("rounds"), "coefficients": sizing.get("coefficients"),
-                      "intervals": sizing.get("intervals"), "terms": sizing.get("terms")},
+                      "intervals": sizing.get("intervals"), "statuses": sizing.get("statuses"),
+                      "terms": sizing.get("terms")},
             "checks": checks, "busy_contention": doc.get("busy_contention"), "placement": doc.get("placement"),
             "tuner_windows": len(windows), "tuner_windows_over_slo": over,
             "hindsight": {k: h.get(k) for k in ("best", "attainment", "goodput")} if h else None}
 
 
 def agreement(runs: list[dict]) -> dict:
-    """Per coefficient: (max - min) / mean over the runs' probe fits (None where a run fitted none)."""
+    """Per coefficient: the largest |value / mean - 1| over the runs' probe fits, with the statuses the runs gave
+    it (a negligible or unidentified term's value is not a measurement to agree on)."""
     out = {}
     for f in COEFFICIENTS:
         values = [r["probe"]["coefficients"][f] for r in runs if r["probe"]["coefficients"]]
         mean = sum(values) / len(values) if values else 0.0
-        out[f] = (max(values) - min(values)) / mean if values and mean > 0 else None
+        out[f] = {"max_deviation": max(abs(v / mean - 1) for v in values) if values and mean > 0 else None,
+                  "statuses": [(r["probe"].get("statuses") or {}).get(f) for r in runs]}
     return out
 
 
@@ -73,7 +76,9 @@ def main() -> None:
               f"{r['goodput']['ratio']:.2f}x; probe {r['probe']['rounds']} rounds, "
               f"{1e3 * c.get('prefill_tokens', 0):.2f} ms/token, {1e3 * c.get('overhead', 0):.0f} ms/step; "
               f"busy contention {r['busy_contention'] or 0:.2f}x")
-    print("probe fits' spread (max - min) / mean: " + ", ".join(f"{k} {v:.0%}" for k, v in spread.items() if v is not None))
+    print("probe fits, largest deviation from the runs' mean: " + ", ".join(
+        f"{k} {v['max_deviation']:.0%} ({'/'.join(s or '?' for s in v['statuses'])})" for k, v in spread.items()
+        if v["max_deviation"] is not None))
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = range(1, len(runs) + 1)

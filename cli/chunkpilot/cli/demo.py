@@ -14,7 +14,7 @@ import typer
 
 
 def demo(
-    duration: float = typer.Option(360.0, help="Seconds of load (the whole run takes about a minute more)."),
+    duration: float = typer.Option(360.0, help="Seconds of load (the sizing before it and the report after it add about 5 minutes)."),
     replicas: int = typer.Option(1, help="Engine processes per group (tuned and fixed)."),
     rate: float = typer.Option(0.5, help="Requests/s per engine in the busiest phase."),
     window: float = typer.Option(20.0, help="Tuner measurement window, seconds."),
