@@ -5,11 +5,15 @@ server exit non-zero instead of hanging. SmolLM2 at TP=3 against transformers is
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import signal
+import stat
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import torch
 
@@ -188,6 +192,61 @@ def test_a_failed_start_leaves_no_workers_behind(tmp_path):
     assert not _tp_children()
 
 
+def _exposed_listeners(pid: int) -> set[tuple[str, int]]:
+    """The TCP sockets `pid` listens on at an address other than loopback: what another pod could connect to."""
+    conns = psutil.Process(pid).net_connections(kind="inet")
+    return {(c.laddr.ip, c.laddr.port) for c in conns
+            if c.status == psutil.CONN_LISTEN and not ipaddress.ip_address(c.laddr.ip).is_loopback}
+
+
+def test_rank_zero_unpickles_nothing_and_the_group_is_private_to_the_pod(tmp_path, monkeypatch):
+    """The review's attack: processes that reach the pod's address join the rendezvous as ranks before the real
+    workers have loaded, and their gather_object payload (a pickle) runs code in rank 0, the HTTP server's process.
+    Now: no rendezvous or group socket on a non-loopback address, the store in a 0700 directory, and nothing that
+    reaches rank 0 goes through pickle."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from chunkpilot.engine import tp_group
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tensor-parallel group pickled or unpickled a message")
+
+    monkeypatch.setattr(c10d, "_tensor_to_object", refuse)
+    monkeypatch.setattr(c10d, "_object_to_tensor", refuse)
+    made = []
+    real_mkdtemp = tp_group.tempfile.mkdtemp
+    monkeypatch.setattr(tp_group.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    before = _exposed_listeners(os.getpid())
+    llm = LLM(str(folder), tensor_parallel_size=2, threads=1, block_size=4, num_kv_blocks=128)
+    try:
+        (directory,) = made
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+        (worker,) = llm.engine.worker_pids
+        assert _exposed_listeners(os.getpid()) - before == set()
+        assert _exposed_listeners(worker) == set()
+        outs = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        assert len(outs[0].token_ids) == 4
+        assert [m.rank for m in llm.engine.rank_memory] == [0, 1]
+    finally:
+        llm.engine.close()
+    assert not os.path.exists(directory)
+
+
+def test_a_step_plan_crosses_as_integers_and_anything_else_is_refused():
+    from chunkpilot.engine.step_plan import KEEPALIVE, PlannedChunk, StepPlan, decode_message, encode_message
+
+    plan = StepPlan([PlannedChunk(7, [5], [0, 1], True), PlannedChunk(0, [1, 2, 3], [2], False)], 1)
+    for message in (plan, KEEPALIVE, None):
+        wire = encode_message(message)
+        assert wire.dtype == torch.long
+        assert decode_message(wire) == message
+    for bad in ([], [9], [1, 0], [2, 0, 1, 0, 0, 5, 0], [2, 2, 1, 0, 1, 0, 0], [2, 0, 1, 0, 2, 0, 0],
+                [2, 0, 0, 4], [2, -1, 0]):
+        with pytest.raises(ValueError):
+            decode_message(torch.tensor(bad, dtype=torch.long))
+
+
 def _worker_pids(pid: int) -> list[int]:
     out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -215,6 +274,8 @@ def test_server_under_two_ranks_serves_retunes_exports_ranks_and_stops_cleanly(t
     try:
         workers = _worker_pids(server.proc.pid)
         assert len(workers) == 1
+        # nothing but the HTTP port (bound where --host says) for another pod to reach
+        assert _exposed_listeners(server.proc.pid) == set() and _exposed_listeners(workers[0]) == set()
         r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": TEXTS[0], "max_tokens": 4},
                        timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4

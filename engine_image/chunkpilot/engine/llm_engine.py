@@ -28,7 +28,7 @@ from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import FinishReason, Sequence
 from chunkpilot.engine.step_cost import step_features
 from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from chunkpilot.engine.tp_group import KEEPALIVE, TPGroup
+from chunkpilot.engine.tp_group import KEEPALIVE, Rendezvous, TPGroup
 from chunkpilot.engine.tp_shard import check_tensor_parallel
 from chunkpilot.engine.tp_worker import RankFailedError, WorkerProcesses
 from chunkpilot.engine.worker import RankMemory, Worker, resolve_device
@@ -94,11 +94,12 @@ class LLMEngine:
         group, store = self.group, None
         if group.distributed:
             resolve_device(config.device, 0, group.world)  # a missing GPU is said here, not by N crashes
-            store = TPGroup.host_store(group.world, config.tensor_parallel_join_timeout)
-            self._workers = WorkerProcesses(config, group.world, store.port, exit_on_failure=exit_on_rank_failure)
+            rendezvous = Rendezvous(group.world, config.tensor_parallel_join_timeout)
+            store = rendezvous.store
+            self._workers = WorkerProcesses(config, group.world, rendezvous, exit_on_failure=exit_on_rank_failure)
         self.worker = Worker(config, self.model_config, group, store,
                              check=self._workers.check if self._workers else None)
-        self.rank_memory: list[RankMemory] = group.gather_objects(self.worker.memory)
+        self.rank_memory: list[RankMemory] = [RankMemory(*m) for m in group.gather_ints(self.worker.memory.values())]
         self.device, self.dtype = self.worker.device, self.worker.dtype
         self.max_model_len = self.worker.max_model_len
         self.model, self.kv_cache, self.runner = self.worker.model, self.worker.kv_cache, self.worker.runner

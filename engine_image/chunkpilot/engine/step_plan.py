@@ -3,13 +3,23 @@
 Rank 0 builds it from the scheduler's `SchedulerOutput` and, under tensor parallelism, broadcasts it; every rank
 runs the same forward from it. It carries only this step's token ids and block tables (a decode sends one token
 and its blocks, never its whole context), so a broadcast per step stays small.
+
+On the wire (tensor parallelism) a plan is a flat tensor of integers (`encode_message`), never a pickle: the
+workers decode it with checked code, so a message is data whatever its bytes are.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from chunkpilot.engine.scheduler import SchedulerOutput
+
+# Broadcast in place of a plan while the engine is idle; the workers wait for the next one.
+KEEPALIVE = "keepalive"
+# The first integer of a message: what follows.
+_STOP, _KEEPALIVE, _PLAN = 0, 1, 2
 
 
 @dataclass(slots=True)
@@ -42,3 +52,44 @@ def plan_of(sched: SchedulerOutput, block_size: int) -> StepPlan:
             ids = ids + seq.output_token_ids[max(lo, n_prompt) - n_prompt : hi - n_prompt]
         chunks.append(PlannedChunk(c.start, ids, seq.block_table[: -(-hi // block_size)], c.samples))
     return StepPlan(chunks, sched.num_decodes)
+
+
+def encode_message(message: "StepPlan | str | None") -> torch.Tensor:
+    """A StepPlan, KEEPALIVE or None (stop) as int64: [kind], or [2, num_decodes, chunks, then per chunk start,
+    samples, n_tokens, n_blocks, the tokens, the blocks]."""
+    if message is None:
+        return torch.tensor([_STOP], dtype=torch.long)
+    if message == KEEPALIVE:
+        return torch.tensor([_KEEPALIVE], dtype=torch.long)
+    out = [_PLAN, message.num_decodes, len(message.chunks)]
+    for c in message.chunks:
+        out += [c.start, int(c.samples), len(c.token_ids), len(c.block_table)]
+        out += c.token_ids
+        out += c.block_table
+    return torch.tensor(out, dtype=torch.long)
+
+
+def decode_message(payload: torch.Tensor) -> "StepPlan | str | None":
+    """The inverse of encode_message; ValueError on anything it did not make (the worker then exits)."""
+    v = payload.tolist()
+    if not v or v[0] not in (_STOP, _KEEPALIVE, _PLAN) or (v[0] != _PLAN and len(v) != 1):
+        raise ValueError("not a step-plan message")
+    if v[0] == _STOP:
+        return None
+    if v[0] == _KEEPALIVE:
+        return KEEPALIVE
+    if len(v) < 3 or min(v) < 0:
+        raise ValueError("malformed step plan: negative or missing fields")
+    num_decodes, n, i, chunks = v[1], v[2], 3, []
+    for _ in range(n):
+        if i + 4 > len(v) or v[i + 1] > 1:
+            raise ValueError("malformed step plan: truncated chunk header")
+        start, samples, nt, nb = v[i : i + 4]
+        i += 4
+        if i + nt + nb > len(v):
+            raise ValueError("malformed step plan: truncated chunk")
+        chunks.append(PlannedChunk(start, v[i : i + nt], v[i + nt : i + nt + nb], bool(samples)))
+        i += nt + nb
+    if i != len(v) or num_decodes > n:
+        raise ValueError("malformed step plan: trailing data or more decodes than chunks")
+    return StepPlan(chunks, num_decodes)

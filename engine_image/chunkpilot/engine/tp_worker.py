@@ -42,8 +42,10 @@ class WorkerProcesses:
     (the server: Kubernetes restarts the pod); without it the engine's next step raises RankFailedError (the
     offline `LLM`, which must not take its caller's process down)."""
 
-    def __init__(self, config, world: int, store_port: int, *, exit_on_failure: bool = True) -> None:
+    def __init__(self, config, world: int, rendezvous, *, exit_on_failure: bool = True) -> None:
+        """`rendezvous`: rank 0's tp_group.Rendezvous; its directory goes once the workers are reaped."""
         self.exit_on_failure = exit_on_failure
+        self._rendezvous = rendezvous
         self.failure: str | None = None
         self._armed = False
         self._stopping = threading.Event()
@@ -53,7 +55,7 @@ class WorkerProcesses:
         try:
             for rank in range(1, world):
                 self.procs.append(subprocess.Popen([sys.executable, "-m", "chunkpilot.engine.tp_worker", str(rank),
-                                                    str(world), str(store_port), payload]))
+                                                    str(world), rendezvous.path, payload]))
         except BaseException:  # the ones already started must not outlive this
             self.kill()
             raise
@@ -99,6 +101,7 @@ class WorkerProcesses:
                 p.kill()
                 p.wait()
         self._reaped = True
+        self._rendezvous.close()
 
     def kill(self) -> None:
         """Kill every worker still running and reap them all (no zombies). Idempotent."""
@@ -109,6 +112,7 @@ class WorkerProcesses:
         for p in self.procs:
             p.wait()
         self._reaped = True
+        self._rendezvous.close()
 
     @property
     def reaped(self) -> bool:
@@ -141,7 +145,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    rank, world, port = int(argv[0]), int(argv[1]), int(argv[2])
+    rank, world, store_path = int(argv[0]), int(argv[1]), argv[2]
     _die_with_parent(os.getppid())
     # Shutdown is rank 0's: it stops the workers after draining. A terminal's Ctrl-C (SIGINT to the whole process
     # group) or a SIGTERM sent to every process must not kill a worker under a step that is still running.
@@ -152,17 +156,17 @@ def main(argv: list[str]) -> int:
 
     from chunkpilot.engine.config import EngineConfig
     from chunkpilot.engine.model_config import ModelConfig
-    from chunkpilot.engine.tp_group import KEEPALIVE, TPGroup
+    from chunkpilot.engine.tp_group import KEEPALIVE, TPGroup, open_store
     from chunkpilot.engine.worker import Worker
 
     config = EngineConfig(**json.loads(argv[3]))
     if config.threads:
         torch.set_num_threads(config.threads)
     group = TPGroup(rank, world)
-    store = TPGroup.worker_store(port, world, config.tensor_parallel_join_timeout)
+    store = open_store(store_path, world, config.tensor_parallel_join_timeout)
     try:
         worker = Worker(config, ModelConfig.from_dir(config.model), group, store)
-        group.gather_objects(worker.memory)
+        group.gather_ints(worker.memory.values())
         while (plan := group.broadcast()) is not None:
             if plan != KEEPALIVE:
                 worker.runner.forward(plan)

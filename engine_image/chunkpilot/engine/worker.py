@@ -65,6 +65,10 @@ class RankMemory:
     weight_bytes: int
     kv_cache_bytes: int
 
+    def values(self) -> list[int]:
+        """As sent to rank 0 (TPGroup.gather_ints); RankMemory(*values) reads it back."""
+        return [self.rank, self.weight_bytes, self.kv_cache_bytes]
+
 
 class Worker:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, group: TPGroup, store=None,
