@@ -158,6 +158,34 @@ def test_bad_requests_get_openai_errors(server):
     assert post("/v1/completions", {**ok, "prompt": ""})
 
 
+def test_fields_that_would_change_the_output_are_refused_not_ignored(client):
+    """A 200 with unconstrained output for a request that asked for JSON, a biased vocabulary or tools would be a
+    silent lie: the official client gets a 400 naming the field. Their no-op values and fields that change nothing
+    (user, metadata, store) still pass."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    refused = [
+        ("completions", {"logit_bias": {"50256": -100}}), ("completions", {"best_of": 2}),
+        ("completions", {"suffix": " end"}), ("completions", {"presence_penalty": 0.5}),
+        ("completions", {"extra_body": {"guided_json": {"type": "object"}}}),
+        ("chat", {"response_format": {"type": "json_object"}}), ("chat", {"logit_bias": {"1": 5}}),
+        ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+        ("chat", {"tool_choice": "required"}), ("chat", {"frequency_penalty": 1.0}),
+    ]
+    for kind, extra in refused:
+        with pytest.raises(openai.BadRequestError) as e:
+            if kind == "completions":
+                client.completions.create(model="smollm2", prompt="Hi", max_tokens=2, **extra)
+            else:
+                client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=2, **extra)
+        field = next(iter(extra.get("extra_body", extra)))
+        assert e.value.body["param"] == field and "not supported" in e.value.body["message"], (extra, e.value.body)
+    r = client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=2, response_format={"type": "text"},
+                                       logit_bias={}, presence_penalty=0, tool_choice="none", user="u",
+                                       metadata={"k": "v"}, store=False)
+    assert r.usage.completion_tokens == 2
+    assert client.completions.create(model="smollm2", prompt="Hi", max_tokens=2, best_of=1).usage.completion_tokens == 2
+
+
 def test_extreme_sampling_values_do_not_hurt_the_server(server):
     ok = {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}
     for extra in ({"top_k": 10**7}, {"temperature": 1e-45}, {"top_p": 1e-50}, {"seed": -(2**63)}):

@@ -2,14 +2,17 @@
 
 Bounds live on the fields, so a bad value is refused with HTTP 400 naming the field and the allowed range before
 anything reaches the engine. Fields vLLM accepts beyond OpenAI's (`top_k`, `ignore_eos`, `stop_token_ids`) are
-accepted too; other unknown fields are ignored, as vLLM does.
+accepted too. Fields that would change what is generated and that this engine cannot honour (`logit_bias`,
+`best_of`, `response_format`, tools, penalties, guided decoding...) are refused with 400 naming the field unless they
+carry their no-op value, as vLLM refuses what it cannot do: a 200 with unconstrained output would be a silent lie.
+Other unknown fields (`user`, `metadata`, `store`, ...) change nothing and are ignored, as vLLM does.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from chunkpilot.engine.sampling_params import (
     MAX_CACHE_SALT_CHARS,
@@ -20,6 +23,29 @@ from chunkpilot.engine.sampling_params import (
 )
 
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
+def _only(*no_ops: Any, what: str):
+    """A field this engine cannot honour: accepted only at a value that changes nothing (None, or `no_ops`)."""
+
+    def check(value: Any) -> Any:
+        if value is None or any(value == v for v in no_ops):
+            return value
+        allowed = " or ".join(repr(v) for v in no_ops)
+        raise ValueError(f"not supported by this engine ({what}); leave it out" + (f" or send {allowed}" if allowed
+                                                                                 else ""))
+
+    return AfterValidator(check)
+
+
+def _unsupported(*no_ops: Any, what: str) -> Any:
+    return Field(None, description=f"Not supported ({what}): refused unless absent" +
+                 (" or " + " / ".join(repr(v) for v in no_ops) if no_ops else "") + ".")
+
+
+_SAMPLING = "this engine samples with temperature, top_p, top_k and seed only"
+_GUIDED = "no constrained decoding: the output would not follow it"
+_TOOLS = "no tool calling"
 
 
 class StreamOptions(BaseModel):
@@ -43,6 +69,21 @@ class _Common(BaseModel):
     user: str | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = Field(
         None, description="As in vLLM: prompts with different salts never share prefix-cache blocks.")
+    # What would change the output and cannot be honoured: refused (see the module docstring).
+    logit_bias: Annotated[Any, _only({}, what=_SAMPLING)] = _unsupported({}, what=_SAMPLING)
+    presence_penalty: Annotated[Any, _only(0, what=_SAMPLING)] = _unsupported(0, what=_SAMPLING)
+    frequency_penalty: Annotated[Any, _only(0, what=_SAMPLING)] = _unsupported(0, what=_SAMPLING)
+    repetition_penalty: Annotated[Any, _only(1, what=_SAMPLING)] = _unsupported(1, what=_SAMPLING)
+    min_p: Annotated[Any, _only(0, what=_SAMPLING)] = _unsupported(0, what=_SAMPLING)
+    min_tokens: Annotated[Any, _only(0, what="stopping is by max_tokens, stop and EOS")] = _unsupported(
+        0, what="stopping is by max_tokens, stop and EOS")
+    response_format: Annotated[Any, _only({"type": "text"}, what=_GUIDED)] = _unsupported({"type": "text"},
+                                                                                         what=_GUIDED)
+    guided_json: Annotated[Any, _only(what=_GUIDED)] = _unsupported(what=_GUIDED)
+    guided_regex: Annotated[Any, _only(what=_GUIDED)] = _unsupported(what=_GUIDED)
+    guided_choice: Annotated[Any, _only(what=_GUIDED)] = _unsupported(what=_GUIDED)
+    guided_grammar: Annotated[Any, _only(what=_GUIDED)] = _unsupported(what=_GUIDED)
+    structured_outputs: Annotated[Any, _only(what=_GUIDED)] = _unsupported(what=_GUIDED)
 
     def _params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -59,6 +100,9 @@ class CompletionRequest(_Common):
     max_tokens: Annotated[int, Field(ge=1)] = 16
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: Literal[False] = False
+    best_of: Annotated[Any, _only(1, what="one sequence is generated per request")] = _unsupported(
+        1, what="one sequence is generated per request")
+    suffix: Annotated[Any, _only("", what="no fill-in-the-middle")] = _unsupported("", what="no fill-in-the-middle")
 
     def sampling_params(self) -> SamplingParams:
         return self._params(self.max_tokens, self.logprobs)
@@ -83,6 +127,14 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # no tool calling: tools the model is told of but the server never parses would come back as plain text
+    tools: Annotated[Any, _only([], what=_TOOLS)] = _unsupported([], what=_TOOLS)
+    tool_choice: Annotated[Any, _only("none", "auto", what=_TOOLS)] = _unsupported("none", "auto", what=_TOOLS)
+    functions: Annotated[Any, _only([], what=_TOOLS)] = _unsupported([], what=_TOOLS)
+    function_call: Annotated[Any, _only("none", "auto", what=_TOOLS)] = _unsupported("none", "auto", what=_TOOLS)
+    prediction: Annotated[Any, _only(what="no predicted outputs")] = _unsupported(what="no predicted outputs")
+    audio: Annotated[Any, _only(what="text only")] = _unsupported(what="text only")
+    modalities: Annotated[Any, _only(["text"], what="text only")] = _unsupported(["text"], what="text only")
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
