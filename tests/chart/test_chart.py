@@ -224,7 +224,7 @@ def _args(text: str, component: str) -> list[str]:
               allowed_toleration_keys=("nvidia.com/gpu",))),
     (["--set", "operator.policy.allowedHostPaths={/mnt/models}", "--set", "operator.policy.allowedImagePrefixes={*}",
       "--set", "operator.policy.allowedPriorityClasses={batch}", "--set", "operator.policy.allowedTolerationKeys=null",
-      "--set", "operator.engineNetworkPolicy.enabled=true", "--set", "operator.hfEndpoint=http://hub.mirror"],
+      "--set", "operator.engineNetworkPolicy.enabled=false", "--set", "operator.hfEndpoint=http://hub.mirror"],
      dict(allowed_host_paths=("/mnt/models",), allowed_image_prefixes=("*",), allowed_priority_classes=("batch",),
           allowed_toleration_keys=())),
 ])
@@ -249,8 +249,10 @@ def test_the_charts_arguments_are_what_the_commands_accept(monkeypatch, sets, po
     assert res.exit_code == 0, res.output
     engine = seen["operator"].engine
     assert engine.policy == Policy(**policy)
+    assert engine.network_policy_namespaces == (() if sets else ("monitoring",))
     assert (engine.default_cpu_request, engine.default_memory_request) == ("1", "4Gi")
-    assert engine.engine_network_policy == bool(sets) and engine.hf_endpoint == ("http://hub.mirror" if sets else None)
+    # on by default (the engine's /metrics and /docs answer without the key), Prometheus' namespace admitted
+    assert engine.engine_network_policy == (not sets) and engine.hf_endpoint == ("http://hub.mirror" if sets else None)
     tuner_args = [a for a in _args(text, "tuner") if not a.startswith("--metrics-port")] + ["--metrics-port", "0"]
     res = CliRunner().invoke(app, ["tuner", "run", *tuner_args])
     assert res.exit_code == 0, res.output

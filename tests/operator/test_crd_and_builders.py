@@ -327,7 +327,10 @@ def test_engine_pods_are_closed_by_default_and_drain_before_they_stop():
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(b.PRESTOP_SECONDS)]
     grace = next(int(e["value"]) for e in c["env"] if e["name"] == "CHUNKPILOT_GRACE_PERIOD")
     assert spec["terminationGracePeriodSeconds"] > b.PRESTOP_SECONDS + grace
-    assert "NetworkPolicy" not in [o["kind"] for o in b.desired_objects(load(SMOL))]  # optional
+    # on by default (/metrics and /docs answer without the API key); an admin may turn it off
+    assert "NetworkPolicy" in [o["kind"] for o in b.desired_objects(load(SMOL))]
+    assert "NetworkPolicy" not in [o["kind"] for o in b.desired_objects(
+        load(SMOL), b.OperatorSettings(engine_network_policy=False))]
     netpol = next(o for o in b.desired_objects(load(SMOL), SAMPLE_SETTINGS) if o["kind"] == "NetworkPolicy")
     peers = netpol["spec"]["ingress"][0]["from"]
     assert {"podSelector": {}} in peers

@@ -57,9 +57,11 @@ def run(
                                             help="CPU request of engine pods whose spec sets none."),
     default_memory_request: str = typer.Option("4Gi", envvar="CHUNKPILOT_DEFAULT_MEMORY_REQUEST",
                                                help="Memory request of engine pods whose spec sets none."),
-    engine_network_policy: bool = typer.Option(False, envvar="CHUNKPILOT_ENGINE_NETWORK_POLICY",
+    engine_network_policy: bool = typer.Option(True, "--engine-network-policy/--no-engine-network-policy",
+                                               envvar="CHUNKPILOT_ENGINE_NETWORK_POLICY",
                                                help="Render a NetworkPolicy per InferenceDeployment: only its own "
-                                                    "namespace and --network-policy-namespace reach the engines."),
+                                                    "namespace and --network-policy-namespace reach the engines "
+                                                    "(their /metrics, /docs and probes answer without the API key)."),
     network_policy_namespace: list[str] = typer.Option([], "--network-policy-namespace",
                                                        envvar="CHUNKPILOT_NETWORK_POLICY_NAMESPACES",
                                                        help="Namespace also allowed to reach the engines (Prometheus', "

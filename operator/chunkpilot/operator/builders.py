@@ -55,8 +55,9 @@ class OperatorSettings:
     default_cpu_request: str = "1"
     default_memory_request: str = "4Gi"
     # A NetworkPolicy per InferenceDeployment: only pods of its own namespace, and of these namespaces (e.g. where
-    # Prometheus or the gateway run), may reach the engine port.
-    engine_network_policy: bool = False
+    # Prometheus or the gateway run), may reach the engine port. On by default: /metrics, /docs, /openapi.json and
+    # the probes answer without the API key (as vLLM's), so only the network keeps other tenants' pods from them.
+    engine_network_policy: bool = True
     network_policy_namespaces: tuple[str, ...] = ()
 
 
