@@ -16,6 +16,10 @@ from chunkpilot.api.crd import CRD_FILENAME, crd_manifest, render
 from chunkpilot.operator import builders as b
 from chunkpilot.operator.policy import Policy
 
+from .admission_cases import CASES
+from .admission_cases import settings as admission_settings
+from .operator_proc import sample
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
 # The GPU sample's priority class needs the admin's allowance (operator/policy.py); the NetworkPolicy is on.
@@ -299,6 +303,8 @@ def test_the_admin_policy_allows_what_it_lists():
     (lambda e: setattr(e, "env", [EnvVar(name="LD_PRELOAD", value="/models/x.so")]), "spec.engine.env[0]"),
     (lambda e: setattr(e, "env", [EnvVar(name="PYTHONPATH", value="/models")]), "spec.engine.env[0]"),
     (lambda e: setattr(e, "env", [EnvVar(name="X", value="$(CHUNKPILOT_API_KEY)")]), "spec.engine.env[0]"),
+    (lambda e: setattr(e, "env", [EnvVar(name="PYTHONPYCACHEPREFIX", value="/models/pyc")]), "spec.engine.env[0]"),
+    (lambda e: setattr(e, "extra_args", ["--max-waiting", "64", "-tp", "8"]), "spec.engine.extraArgs[2]"),
 ])
 def test_env_and_args_cannot_override_what_the_operator_sets(mutate, field):
     obj = load(SMOL)
@@ -307,13 +313,38 @@ def test_env_and_args_cannot_override_what_the_operator_sets(mutate, field):
         b.desired_objects(obj)
 
 
+@pytest.mark.parametrize("case, overrides, admitted", CASES, ids=[c[0] for c in CASES])
+def test_the_operator_judges_the_shared_table_of_specs(case, overrides, admitted):
+    """The same rows tests/chart/test_admission_policy.py sends through the real API server's admission."""
+    obj = InferenceDeployment.model_validate(sample(case, "default", **overrides))
+    try:
+        b.validate(obj, admission_settings())
+        verdict = None
+    except (b.SpecError, b.policy.PolicyError) as e:
+        verdict = str(e)
+    assert (verdict is None) == admitted, (case, verdict)
+
+
+def test_the_engine_options_are_read_from_the_engine_command():
+    """Owned and free options come from `chunkpilot engine serve` itself: the -tp alias is owned with its long
+    name, every operator setting has an option, and the chart's copy of the lists is the generated one."""
+    from chunkpilot.operator import rules
+
+    free, owned = rules.engine_options()
+    assert {"-tp", "--tensor-parallel-size", "--api-key", "--no-enable-prefix-caching"} <= set(owned)
+    assert {"--max-waiting", "--stall-timeout", "--seed"} <= set(free) and not set(free) & set(owned)
+    assert len(owned) >= len(rules.OPERATOR_ENGINE_SETTINGS)
+    committed = (ROOT / "helm" / "chunkpilot" / "files" / "engine-rules.json").read_text()
+    assert committed == rules.render(), "helm/chunkpilot/files/engine-rules.json is stale: run `chunkpilot crds generate`"
+
+
 def test_every_engine_setting_the_operator_renders_is_reserved():
     obj = load(GPU)
     obj.spec.model.max_model_len = 4096
     obj.spec.engine.extra_args = ["--max-waiting", "64", "--stall-timeout=60"]  # flags it does not set are fine
     env = b.engine_env(obj, "/models/m", b.OperatorSettings(engine_api_key_secret="k"))
     names = {e["name"].removeprefix("CHUNKPILOT_") for e in env if e["name"].startswith("CHUNKPILOT_")}
-    assert names <= set(b.OPERATOR_ENGINE_SETTINGS)
+    assert names <= set(b.rules.OPERATOR_ENGINE_SETTINGS)
     b.desired_objects(obj, SAMPLE_SETTINGS)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -12,8 +13,19 @@ app = typer.Typer(help="The InferenceDeployment CRD, generated from chunkpilot.a
 @app.command("generate")
 def generate(
     output: Path = typer.Option(Path("crds"), "--output", help="Folder to write the CRD YAML into."),
+    chart: Optional[Path] = typer.Option(Path("helm/chunkpilot"), "--chart",
+                                         help="Chart whose files/engine-rules.json (the env and extraArgs rules its "
+                                              "admission policy checks) to write too; empty to skip."),
 ) -> None:
-    """Write crds/inferencedeployments.chunkpilot.io.yaml (apply it with kubectl apply -f)."""
+    """Write crds/inferencedeployments.chunkpilot.io.yaml (apply it with kubectl apply -f), and the chart's copy
+    of the operator's env and extraArgs rules."""
     from chunkpilot.api.crd import write
 
     typer.echo(str(write(output)))
+    if chart and str(chart):
+        from chunkpilot.operator import rules
+
+        path = chart / "files" / "engine-rules.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(rules.render())
+        typer.echo(str(path))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, SchedulerStatus
 from chunkpilot.engine.knobs import SchedulerKnobs
 from chunkpilot.engine.knobs_file import dumps_knobs
-from chunkpilot.operator import policy
+from chunkpilot.operator import policy, rules
 from chunkpilot.operator.policy import Policy
 
 ENGINE_PORT = 8000
@@ -29,14 +29,6 @@ PRESTOP_SECONDS = 5
 ENGINE_GRACE_SECONDS = 30
 # (+ 5 s for aborted streams to flush, + 15 s for the lifespan's shutdown: the step thread joins within 10 s)
 TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + ENGINE_GRACE_SECONDS + 5 + 15
-# Every engine setting the operator may set, as CHUNKPILOT_<NAME> env and as --<name> flag. A spec's env and
-# extraArgs may not set them: an InferenceDeployment author must not turn off the platform's API key
-# (`extraArgs: ["--api-key="]`) or move the port the probes and the Service use.
-OPERATOR_ENGINE_SETTINGS = (
-    "MODEL", "HOST", "PORT", "SERVED_MODEL_NAME", "KNOBS_FILE", "TOKEN_BUDGET", "MAX_CHUNK", "MAX_NUM_SEQS",
-    "DTYPE", "DEVICE", "GPU_MEMORY_UTILIZATION", "ENABLE_PREFIX_CACHING", "MAX_MODEL_LEN", "API_KEY",
-    "GRACE_PERIOD", "TENSOR_PARALLEL_SIZE",
-)
 # NCCL moves data between the ranks of one pod through /dev/shm; the container runtime's default is 64 MiB.
 SHM_SIZE_LIMIT = "2Gi"
 
@@ -106,40 +98,16 @@ def effective_knobs(obj: InferenceDeployment) -> SchedulerStatus:
                            generation=(st.generation + 1) if st is not None else 1)
 
 
-# Variables that make the engine's interpreter or loader run code from elsewhere (a file on the user's own
-# pvc:// volume), which would defeat the admin's image allowlist.
-CODE_LOADING_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONPLATLIBDIR",
-                    "PYTHONBREAKPOINT", "PYTHONINSPECT", "BASH_ENV", "ENV")
-
-
-def _flag_setting(arg: str) -> str | None:
-    """`--api-key=x`, `--no-enable-prefix-caching` -> the setting's env name suffix, for flags only."""
-    if not arg.startswith("--"):
-        return None
-    name = arg[2:].split("=", 1)[0].upper().replace("-", "_")
-    return name.removeprefix("NO_")
-
-
 def validate(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> None:
     """What the CRD schema cannot check; raises SpecError naming the field and the fix, or PolicyError when the
     operator's settings forbid it."""
     spec = obj.spec
     for i, e in enumerate(spec.engine.env):
-        if e.name.startswith("CHUNKPILOT_"):
-            raise SpecError(f"spec.engine.env[{i}] {e.name}: CHUNKPILOT_* variables are the operator's; set the "
-                            "matching spec field instead (model, engine, scheduler)")
-        if e.name in CODE_LOADING_ENV or e.name.startswith("LD_"):
-            raise SpecError(f"spec.engine.env[{i}] {e.name}: variables that load code into the engine are not "
-                            "allowed; build an engine image instead")
-        if "$(" in e.value:
-            raise SpecError(f"spec.engine.env[{i}] {e.name}: $(VAR) references are not allowed (they would expand "
-                            "the operator's variables, the API key among them)")
+        if why := rules.env_refusal(e.name, e.value):
+            raise SpecError(f"spec.engine.env[{i}] {e.name}: {why}")
     for i, arg in enumerate(spec.engine.extra_args):
-        if _flag_setting(arg) in OPERATOR_ENGINE_SETTINGS:
-            raise SpecError(f"spec.engine.extraArgs[{i}] {arg.split('=', 1)[0]!r} is set by the operator; use the "
-                            "matching spec field instead (model, engine, scheduler)")
-        if "$(" in arg:  # Kubernetes expands $(VAR) in args: "--x=$(CHUNKPILOT_API_KEY)" would print the key
-            raise SpecError(f"spec.engine.extraArgs[{i}]: $(VAR) references are not allowed")
+        if why := rules.arg_refusal(arg):
+            raise SpecError(f"spec.engine.extraArgs[{i}]: {why}")
     policy.check(spec, settings.policy, settings.engine_image)
     if spec.scheduler.token_budget < spec.engine.max_num_seqs:
         raise SpecError(f"spec.scheduler.tokenBudget ({spec.scheduler.token_budget}) must be >= spec.engine.maxNumSeqs "

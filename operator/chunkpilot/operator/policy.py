@@ -50,18 +50,26 @@ def image_allowed(image: str, prefix: str) -> bool:
     return prefix[-1:] in ("/", ":", "@") or len(image) == len(prefix) or image[len(prefix)] in "/:@"
 
 
-def _under(path: str, prefix: str) -> bool:
-    prefix = prefix.rstrip("/") or "/"
-    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+def host_path_canonical(path: str) -> bool:
+    """No empty, '.' or '..' segments: the path the kubelet mounts is the one judged (the admission rule tests the
+    same substrings, so both sides agree on every spelling)."""
+    return not ("//" in path or "/./" in path or "/../" in path or path.endswith(("/.", "/..")))
+
+
+def host_path_under(path: str, prefix: str) -> bool:
+    """`prefix` allows itself and everything below it, with or without a trailing slash on either."""
+    return prefix == "/" or path == prefix or path + "/" == prefix or \
+        path.startswith(prefix if prefix.endswith("/") else prefix + "/")
 
 
 def check(spec: InferenceDeploymentSpec, policy: Policy, engine_image: str) -> None:
     src = spec.model.source
     if src.startswith("hostpath://"):
-        path = "/" + src.removeprefix("hostpath://").lstrip("/")
-        if ".." in path.split("/"):
-            raise PolicyError(f"spec.model.source {src!r}: a host path may not contain '..'")
-        if not any(_under(path, p) for p in policy.allowed_host_paths):
+        path = src.removeprefix("hostpath://")  # what the pod mounts (the CRD's pattern makes it start with /)
+        if not host_path_canonical(path):
+            raise PolicyError(f"spec.model.source {src!r}: a host path must be canonical (no '//', '.' or '..' "
+                              "segments); write it as the directory's plain path")
+        if not any(host_path_under(path, p) for p in policy.allowed_host_paths):
             allowed = ", ".join(policy.allowed_host_paths) or "none"
             raise PolicyError(f"spec.model.source {src!r}: host path {path} is not allowed (allowed prefixes: "
                               f"{allowed}); use a pvc:// source, or ask the cluster admin to allow it with the "
