@@ -170,6 +170,10 @@ def test_fields_that_would_change_the_output_are_refused_not_ignored(client):
         ("chat", {"response_format": {"type": "json_object"}}), ("chat", {"logit_bias": {"1": 5}}),
         ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
         ("chat", {"tool_choice": "required"}), ("chat", {"frequency_penalty": 1.0}),
+        ("chat", {"extra_body": {"web_search_options": {}}}), ("chat", {"extra_body": {"verbosity": "low"}}),
+        ("chat", {"extra_body": {"chat_template_kwargs": {"enable_thinking": True}}}),
+        ("completions", {"extra_body": {"use_beam_search": True}}),
+        ("completions", {"extra_body": {"skip_special_tokens": False}}),
     ]
     for kind, extra in refused:
         with pytest.raises(openai.BadRequestError) as e:

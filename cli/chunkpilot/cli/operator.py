@@ -64,8 +64,9 @@ def run(
                                                     "(their /metrics, /docs and probes answer without the API key)."),
     network_policy_namespace: list[str] = typer.Option([], "--network-policy-namespace",
                                                        envvar="CHUNKPILOT_NETWORK_POLICY_NAMESPACES",
-                                                       help="Namespace also allowed to reach the engines (Prometheus', "
-                                                            "the gateway's); repeat for more."),
+                                                       help="Namespace also allowed to reach the engines: Prometheus' (the chart "
+                                                            "passes monitoring), the gateway's; repeat for more. "
+                                                            "Without any, only each deployment's own namespace."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ) -> None:
     """Watch InferenceDeployments and keep their Deployment, Service, knobs ConfigMap, PDB and ServiceMonitor

@@ -46,6 +46,8 @@ def _unsupported(*no_ops: Any, what: str) -> Any:
 _SAMPLING = "this engine samples with temperature, top_p, top_k and seed only"
 _GUIDED = "no constrained decoding: the output would not follow it"
 _TOOLS = "no tool calling"
+_TEXT = "text is detokenized one way: without special tokens, stop strings cut"
+_TEMPLATE = "the model's own chat template, applied as is"
 
 
 class StreamOptions(BaseModel):
@@ -84,6 +86,19 @@ class _Common(BaseModel):
     guided_choice: Annotated[Any, _only(what=_GUIDED)] = _unsupported(what=_GUIDED)
     guided_grammar: Annotated[Any, _only(what=_GUIDED)] = _unsupported(what=_GUIDED)
     structured_outputs: Annotated[Any, _only(what=_GUIDED)] = _unsupported(what=_GUIDED)
+    # vLLM's own extras that change what comes back
+    use_beam_search: Annotated[Any, _only(False, what=_SAMPLING)] = _unsupported(False, what=_SAMPLING)
+    length_penalty: Annotated[Any, _only(1, what=_SAMPLING)] = _unsupported(1, what=_SAMPLING)
+    allowed_token_ids: Annotated[Any, _only(what=_SAMPLING)] = _unsupported(what=_SAMPLING)
+    bad_words: Annotated[Any, _only([], what=_SAMPLING)] = _unsupported([], what=_SAMPLING)
+    logits_processors: Annotated[Any, _only(what=_SAMPLING)] = _unsupported(what=_SAMPLING)
+    include_stop_str_in_output: Annotated[Any, _only(False, what=_TEXT)] = _unsupported(False, what=_TEXT)
+    skip_special_tokens: Annotated[Any, _only(True, what=_TEXT)] = _unsupported(True, what=_TEXT)
+    spaces_between_special_tokens: Annotated[Any, _only(True, what=_TEXT)] = _unsupported(True, what=_TEXT)
+    return_tokens_as_token_ids: Annotated[Any, _only(False, what=_TEXT)] = _unsupported(False, what=_TEXT)
+    truncate_prompt_tokens: Annotated[Any, _only(what="prompts are never truncated")] = _unsupported(
+        what="prompts are never truncated")
+    prompt_logprobs: Annotated[Any, _only(what="no prompt logprobs")] = _unsupported(what="no prompt logprobs")
 
     def _params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -119,6 +134,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    # an assistant turn's tool calls would be dropped from the prompt: refused, as tools are
+    tool_calls: Annotated[Any, _only([], what=_TOOLS)] = _unsupported([], what=_TOOLS)
 
 
 class ChatCompletionRequest(_Common):
@@ -135,6 +152,16 @@ class ChatCompletionRequest(_Common):
     prediction: Annotated[Any, _only(what="no predicted outputs")] = _unsupported(what="no predicted outputs")
     audio: Annotated[Any, _only(what="text only")] = _unsupported(what="text only")
     modalities: Annotated[Any, _only(["text"], what="text only")] = _unsupported(["text"], what="text only")
+    web_search_options: Annotated[Any, _only(what=_TOOLS)] = _unsupported(what=_TOOLS)
+    moderation: Annotated[Any, _only(what="no moderation")] = _unsupported(what="no moderation")
+    verbosity: Annotated[Any, _only("medium", what="no verbosity control")] = _unsupported(
+        "medium", what="no verbosity control")
+    echo: Annotated[Any, _only(False, what=_TEMPLATE)] = _unsupported(False, what=_TEMPLATE)
+    add_generation_prompt: Annotated[Any, _only(True, what=_TEMPLATE)] = _unsupported(True, what=_TEMPLATE)
+    continue_final_message: Annotated[Any, _only(False, what=_TEMPLATE)] = _unsupported(False, what=_TEMPLATE)
+    chat_template: Annotated[Any, _only(what=_TEMPLATE)] = _unsupported(what=_TEMPLATE)
+    chat_template_kwargs: Annotated[Any, _only({}, what=_TEMPLATE)] = _unsupported({}, what=_TEMPLATE)
+    documents: Annotated[Any, _only(what=_TEMPLATE)] = _unsupported(what=_TEMPLATE)
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         max_tokens = self.max_completion_tokens or self.max_tokens or default_max_tokens
