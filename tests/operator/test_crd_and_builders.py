@@ -107,6 +107,20 @@ def test_cel_rules_accept_samples_and_reject_crossed_fields():
     assert failed == {"maxChunk must be <= tokenBudget", "min must be <= max"}
 
 
+@pytest.mark.parametrize("tuning", ["off", "advisory", "auto"])
+@pytest.mark.parametrize("scaling", ["off", "recommend", "auto"])
+def test_the_crd_and_the_tuner_share_one_autoscaling_rule(tuning, scaling):
+    """advisory tuning may only recommend replicas (it changes nothing); the CEL rule and autoscaling_refusal
+    agree on every pair of modes."""
+    from chunkpilot.api.types import AUTOSCALING_RULE_MESSAGE, autoscaling_refusal
+
+    spec = yaml.safe_load(SMOL.read_text())["spec"]
+    spec["tuning"]["mode"], spec["autoscaling"] = tuning, {"mode": scaling, "minReplicas": 1, "maxReplicas": 4}
+    failed = {m for r, m, v, _ in _cel_rules(openapi_schema()["properties"]["spec"], spec) if not _cel_ok(r, v)}
+    assert (AUTOSCALING_RULE_MESSAGE in failed) == bool(autoscaling_refusal(tuning, scaling))
+    assert failed <= {AUTOSCALING_RULE_MESSAGE}
+
+
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_rendered_objects_pass_kubernetes_schemas(sample, version):

@@ -90,9 +90,10 @@ class FakeScaler:
     def replicas(self) -> ReplicaCount:
         return ReplicaCount(self.spec, self.ready)
 
-    def scale(self, replicas: int) -> None:
+    def scale(self, replicas: int, version: str | None = None) -> bool:
         self.calls.append(replicas)
         self.spec = replicas
+        return True
 
     def refused(self) -> str:
         return self._refused
@@ -154,6 +155,109 @@ def test_auto_keeps_the_bounds_and_recommends_only_while_refused():
     zero = FakeScaler(spec=0)  # scaled to zero by hand: autoscaling pauses, as an HPA's does
     loop_with(zero).iterate()
     assert zero.calls == []
+
+
+def test_replicas_that_cannot_help_are_not_asked_for():
+    """Review: at 0.05 req/s with an ITL SLO no step can meet, pods_needed is None and the tuner asked for
+    maxReplicas (1000). More pods cannot make one request faster: the count is held, a breach adds nothing, and the
+    condition says why."""
+    slo = SLOTargets(itl=LatencyTarget(0.99, 0.001))
+    policy = ScalingPolicy(mode="auto", min_replicas=1, max_replicas=1000, down_stabilization=0)
+    assert autoscale.pods_needed(context(0.05), KNOBS, slo, policy.target_utilization) is None
+    for breached in (False, True):
+        d = Autoscaler(policy).decide(context(0.05, pods=2), KNOBS, slo, 2, now=0, breached=breached)
+        assert (d.desired, d.needed, d.helps) == (2, None, False) and "would not help" in d.reason, d
+    state = TunerState(mode="auto", phase="Exploiting")
+    state.scaling = ScalingState(mode="auto", replicas=2, ready=2, desired=2, needed=None, helps=False,
+                                 reason=d.reason)
+    cond = {c.type: c for c in conditions(state, slo)}["Autoscaling"]
+    assert (cond.status, cond.reason) == ("True", "ReplicasWouldNotHelp") and "holding 2" in cond.message
+
+
+def test_advisory_tuning_never_scales_the_one_rule_of_the_crd():
+    """Review: advisory tuning with autoscaling auto scaled 1 -> 4 while the status said nothing changes. One rule
+    (api.types.autoscaling_refusal, also the CRD's CEL): advisory only recommends; the tuner enforces it for
+    objects stored before the rule."""
+    from dataclasses import replace
+
+    from chunkpilot.api.types import AUTOSCALING_ALLOWED, autoscaling_refusal
+
+    assert autoscaling_refusal("advisory", "auto") and not autoscaling_refusal("advisory", "recommend")
+    assert autoscaling_refusal("off", "recommend") and not autoscaling_refusal("auto", "auto")
+    assert set(AUTOSCALING_ALLOWED) == {"off", "advisory", "auto"}
+    scaler = FakeScaler(spec=9)  # outside the bounds: auto would scale it to 4 at once
+    loop = loop_with(scaler)
+    loop.s = replace(loop.s, mode="advisory")
+    loop.iterate()
+    assert scaler.calls == []
+    cond = {c.type: c for c in conditions(loop.state, SLO)}["Autoscaling"]
+    assert (cond.status, cond.reason) == ("False", "AdvisoryTuning") and "advisory" in cond.message
+
+
+class LoadMeasurer(CountingMeasurer):
+    """Windows at a steady load on the scaler's ready pods; `breach` makes their ITL break the SLO, `on_window`
+    runs as a window is read (a person's kubectl scale during it)."""
+
+    def __init__(self, scaler, rate: float = 0.5) -> None:
+        super().__init__()
+        self.scaler, self.rate, self.breach, self.on_window = scaler, rate, False, None
+
+    def context(self, seconds: float) -> guide.Context:
+        return context(self.rate, pods=max(1, self.scaler.ready))
+
+    def measure(self, seconds: float) -> Window:
+        if self.on_window is not None and seconds >= 20:
+            self.on_window()
+        return Window(seconds=seconds, requests=40, request_rate=self.rate, output_tokens_per_s=30.0,
+                      goodput=self.rate, ttft=1.0, itl=5.0 if self.breach else 0.1)
+
+
+def test_a_replica_count_changed_during_the_window_is_never_overwritten():
+    """Review: the exploiting phase decided on the count read before the window; a person scaled to 0 during a
+    breaching window and the tuner wrote 2. Now the count is read again before writing and written against that
+    resourceVersion."""
+    scaler = FakeScaler(spec=1)
+    measurer = LoadMeasurer(scaler)
+    space = SearchSpace.from_bounds((32, 2048), (32, 2048), 16, points_per_octave=2)
+    study = TunerStudy(":memory:", "t", space, SLO, "goodput", seed=0)
+    loop = TunerLoop(TunerSettings(window=20, warmup=2, min_requests=1, max_trials=1), space, study, NullActuator(),
+                     measurer, _Quiet(), SLO, scaler=scaler, scaling=POLICY)
+    loop.iterate()  # the one trial
+    measurer.breach = True
+
+    def scale_to_zero():
+        scaler.spec = scaler.ready = 0
+
+    measurer.on_window = scale_to_zero
+    assert loop.iterate() == "exploit"
+    assert scaler.calls == [] and scaler.spec == 0
+    assert "changed to 0 during the window" in loop.state.scaling.reason
+
+
+def test_the_scale_write_carries_the_resource_version_and_a_conflict_is_not_an_error():
+    from kubernetes.client.exceptions import ApiException
+
+    from chunkpilot.tuner.daemon import StatusScaler
+
+    class Kube:
+        def __init__(self):
+            self.writes = []
+
+        def read_inference_deployment(self, namespace, name):
+            return {"metadata": {"resourceVersion": "42"}, "spec": {"replicas": 2}, "status": {"readyReplicas": 2}}
+
+        def scale_inference_deployment(self, namespace, name, replicas, resource_version=None):
+            self.writes.append((replicas, resource_version))
+            if resource_version != "42":
+                raise ApiException(status=409, reason="Conflict")
+
+    kube = Kube()
+    scaler = StatusScaler(kube, "team", "llm")
+    r = scaler.replicas()
+    assert (r.spec, r.ready, r.version) == (2, 2, "42")
+    assert scaler.scale(3, r.version) is True
+    assert scaler.scale(3, "41") is False  # moved since that read: not written, not an exception
+    assert kube.writes == [(3, "42"), (3, "41")]
 
 
 def test_status_condition_event_and_metrics(tmp_path):

@@ -121,6 +121,25 @@ def test_publisher_posts_events_on_knob_changes_and_health_transitions():
     assert "token budget 96, max chunk 32" in posted[-1][2]
 
 
+def test_a_scale_written_against_a_stale_read_is_refused_by_the_api_server(k):
+    """The tuner decides on a count read before its window and writes it with that read's resourceVersion: on the
+    real API server the scale subresource refuses it (409) once someone else scaled meanwhile, and the tuner's
+    StatusScaler reports it as not written."""
+    from chunkpilot.tuner.daemon import StatusScaler
+
+    ns = k.ns
+    k.create(sample("raced", ns, replicas=2))
+    scaler = StatusScaler(Kube(k.api), ns, "raced")
+    before = scaler.replicas()
+    assert before.spec == 2 and before.version
+    Kube(k.api).scale_inference_deployment(ns, "raced", 0)  # a person scales to zero during the window
+    assert scaler.scale(3, before.version) is False
+    assert k.get("inferencedeployments", ns, "raced")["spec"]["replicas"] == 0
+    now = scaler.replicas()
+    assert scaler.scale(1, now.version) is True
+    assert k.get("inferencedeployments", ns, "raced")["spec"]["replicas"] == 1
+
+
 def test_autoscaling_writes_the_scale_subresource_and_refuses_auto_under_an_hpa(k, chart_accounts, tmp_path):
     """Auto mode on the real API server, as the chart's ServiceAccount (whose role grants inferencedeployments/scale
     and not the spec): replicas below minReplicas are raised through the scale subresource even while Prometheus is

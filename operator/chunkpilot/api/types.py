@@ -180,6 +180,23 @@ class AutoscalingSpec(_Model):
                     "SLOs predicted met.")
 
 
+# The autoscaling modes each tuning mode allows: the one rule, checked by the CRD's CEL (admission) and by the
+# tuner (for objects stored before the rule). Advisory tuning changes nothing, so it may only recommend replicas.
+AUTOSCALING_ALLOWED = {"off": ("off",), "advisory": ("off", "recommend"), "auto": ("off", "recommend", "auto")}
+AUTOSCALING_RULE_MESSAGE = ("autoscaling needs the tuner, and auto scaling needs auto tuning (advisory tuning "
+                            "changes nothing, so it only recommends): set tuning.mode to auto, or autoscaling.mode "
+                            "to recommend (with advisory tuning) or off")
+# (schema defaults fill both fields on the API server; the has() guards keep the rule total without them)
+AUTOSCALING_RULE = "!has(self.autoscaling) || " + " || ".join(
+    f"((has(self.tuning) ? self.tuning.mode : 'off') == '{t}' && "
+    f"self.autoscaling.mode in [{', '.join(repr(m) for m in ms)}])" for t, ms in AUTOSCALING_ALLOWED.items())
+
+
+def autoscaling_refusal(tuning_mode: str, autoscaling_mode: str) -> str:
+    """Why this pair of modes is refused ("" when allowed): the CEL rule AUTOSCALING_RULE, in Python."""
+    return "" if autoscaling_mode in AUTOSCALING_ALLOWED.get(tuning_mode, ()) else AUTOSCALING_RULE_MESSAGE
+
+
 class MonitoringSpec(_Model):
     service_monitor: bool = Field(False, alias="serviceMonitor",
                                   description="Create a Prometheus Operator ServiceMonitor (when its CRD exists).")
@@ -187,8 +204,7 @@ class MonitoringSpec(_Model):
 
 class InferenceDeploymentSpec(_Model):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
-        ("self.autoscaling.mode == 'off' || self.tuning.mode != 'off'",
-         "autoscaling needs the tuner: set tuning.mode to auto or advisory, or autoscaling.mode to off")))
+        (AUTOSCALING_RULE, AUTOSCALING_RULE_MESSAGE)))
 
     replicas: int = Field(1, ge=0, le=1000, description="Engine pods.")
     model: ModelSpec = Field(..., description="The model to serve.")

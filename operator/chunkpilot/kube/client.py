@@ -125,12 +125,16 @@ class Kube:
     def read_inference_deployment(self, namespace: str, name: str) -> dict | None:
         return self.read(f"{GROUP}/{VERSION}", "InferenceDeployment", namespace, name)
 
-    def scale_inference_deployment(self, namespace: str, name: str, replicas: int) -> dict:
+    def scale_inference_deployment(self, namespace: str, name: str, replicas: int,
+                                   resource_version: str | None = None) -> dict:
         """Set spec.replicas through the scale subresource (what an HPA or `kubectl scale` writes): the tuner may
-        change the replica count without rights to the rest of the spec."""
+        change the replica count without rights to the rest of the spec. With `resource_version`, only if the
+        object is still at it (409 Conflict otherwise: someone else wrote since that read)."""
+        body: dict = {"spec": {"replicas": replicas}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object_scale(
-            GROUP, VERSION, namespace, PLURAL, name, {"spec": {"replicas": replicas}}, _content_type=MERGE,
-            _preload_content=False))
+            GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE, _preload_content=False))
 
     def autoscalers_targeting(self, namespace: str, kind: str, name: str) -> list[str]:
         """Names of the HorizontalPodAutoscalers (autoscaling/v2) in `namespace` whose scaleTargetRef is this

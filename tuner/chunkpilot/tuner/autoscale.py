@@ -7,6 +7,9 @@ ask for after HPA-style stabilization and a scale-down hysteresis.
 * Scaling down needs the SLOs predicted to hold on fewer pods with room to spare: utilization within
   DOWN_HYSTERESIS of the target (HPA's own tolerance is 10 %), so that a deployment just at the target does not
   flap between n and n + 1.
+* When no replica count up to guide.REPLICAS_CAP is predicted to keep the SLOs (a single request is too slow for
+  them), more pods cannot help: the count is held, never raised towards maxReplicas, and the reason says so. The
+  tuner never asks for more pods than a count it evaluated as fitting, or one more after a measured breach.
 * Stabilization has the HPA's semantics (behavior.scaleUp/scaleDown.stabilizationWindowSeconds): scale up to the
   lowest recommendation of the up window, down to the highest of the down window.
 """
@@ -52,6 +55,11 @@ class Decision:
     recommendation: int  # this window's, bounded, before stabilization
     reason: str
 
+    @property
+    def helps(self) -> bool:
+        """False when no replica count is predicted to keep the SLOs: the count is held."""
+        return self.needed is not None
+
 
 def spread(context: guide.Context, pods: int) -> guide.Context:
     """The deployment's whole load (per-pod load times the pods measured) spread evenly over `pods`."""
@@ -81,8 +89,9 @@ def recommend(context: guide.Context, knobs: Knobs, slo: SLOTargets, policy: Sca
     up = pods_needed(context, knobs, slo, policy.target_utilization, observations)
     at = f"at {knobs.token_budget}/{knobs.max_chunk}"
     if up is None:
-        return policy.max_replicas, None, (f"no replica count up to {guide.REPLICAS_CAP} is predicted to keep the "
-                                           f"SLOs {at}: asking for the most allowed")
+        held = policy.clamp(current)
+        return held, None, (f"more replicas would not help: no count up to {guide.REPLICAS_CAP} is predicted to "
+                            f"keep the SLOs {at} (a single request is too slow for them); holding {held}")
     if up > current:
         why = f"{up} replicas predicted needed {at} (prefill within {policy.target_utilization:.0%}, SLOs kept)"
         if up > policy.max_replicas:
@@ -120,7 +129,7 @@ class Autoscaler:
         over a prediction: then at least one pod more, whatever the model says (the model had said 2 pods for
         the simulator's 2.4 req/s peak on one seed, and the window at 2 pods breached for 13 minutes)."""
         recommendation, needed, reason = recommend(context, knobs, slo, self.policy, current, observations)
-        if breached and recommendation <= current:
+        if breached and recommendation <= current and needed is not None:  # (None: no count helps, not even +1)
             recommendation = self.policy.clamp(current + 1)
             needed = max(needed or 0, current + 1)
             reason = (f"the last window at {knobs.token_budget}/{knobs.max_chunk} on {current} replicas broke an SLO "

@@ -154,10 +154,18 @@ class StatusScaler:
         raw = self.kube.read_inference_deployment(self.namespace, self.name) or {}
         spec = int((raw.get("spec") or {}).get("replicas", 1))
         ready = int((raw.get("status") or {}).get("readyReplicas") or 0)
-        return ReplicaCount(spec=spec, ready=ready)
+        return ReplicaCount(spec=spec, ready=ready, version=(raw.get("metadata") or {}).get("resourceVersion"))
 
-    def scale(self, replicas: int) -> None:
-        self.kube.scale_inference_deployment(self.namespace, self.name, replicas)
+    def scale(self, replicas: int, version: str | None = None) -> bool:
+        """Through the scale subresource, against `version` (a conflict or a deleted resource: not written)."""
+        try:
+            self.kube.scale_inference_deployment(self.namespace, self.name, replicas, resource_version=version)
+        except ApiException as e:
+            if e.status in (404, 409):
+                log.info("%s/%s: not scaled to %d (%s %s)", self.namespace, self.name, replicas, e.status, e.reason)
+                return False
+            raise
+        return True
 
     def refused(self) -> str:
         now = self._clock()
@@ -205,7 +213,7 @@ class StatusPublisher:
         if sc is not None:
             if sc.refused != self._refused:
                 if sc.refused:
-                    self.post_event("Warning", "ConflictingAutoscaler", sc.refused)
+                    self.post_event("Warning", sc.refused_reason, sc.refused)
                 self._refused = sc.refused
             if sc.last_scale and sc.last_scale != self._last_scale:
                 self._last_scale = sc.last_scale

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from chunkpilot.api.types import autoscaling_refusal
 from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner import autoscale, guide
 from chunkpilot.tuner.autoscale import Autoscaler, ScalingPolicy
@@ -74,13 +75,16 @@ class Publisher(Protocol):
 class ReplicaCount:
     spec: int  # the replicas asked for (spec.replicas)
     ready: int  # pods ready to serve
+    version: str | None = None  # the resource's resourceVersion when read: a write against it fails if it moved
 
 
 class Scaler(Protocol):
     """Optional: replicas as the last knob (chunkpilot.tuner.autoscale). `refused` says why the loop may only
     recommend (e.g. an HPA also targets the resource); empty when it may scale."""
     def replicas(self) -> ReplicaCount: ...
-    def scale(self, replicas: int) -> None: ...
+    # written only if the resource is still at `version` (None: unconditionally); False when it was not written
+    # (it moved meanwhile, or is gone)
+    def scale(self, replicas: int, version: str | None = None) -> bool: ...
     def refused(self) -> str: ...
 
 
@@ -434,13 +438,20 @@ class TunerLoop:
         spec.replicas is kept within [minReplicas, maxReplicas] (as an HPA does; 0 means scaled to zero by hand,
         which pauses autoscaling, as it does an HPA's)."""
         sc = self.state.scaling
-        sc.refused = self.scaler.refused() if sc.mode == "auto" else ""
+        sc.refused, sc.refused_reason = "", "ConflictingAutoscaler"
+        if sc.mode == "auto" and self.s.mode == "advisory":
+            # one rule with the CRD's CEL (api.types.autoscaling_refusal): advisory tuning changes nothing, so it
+            # does not scale either; it recommends
+            sc.refused, sc.refused_reason = autoscaling_refusal(self.s.mode, sc.mode), "AdvisoryTuning"
+        elif sc.mode == "auto":
+            sc.refused = self.scaler.refused()
         if sc.mode != "auto" or sc.refused:
             return
         r = self.scaler.replicas()
         bounded = self.autoscaler.policy.clamp(r.spec)
         if r.spec > 0 and bounded != r.spec:
-            self.scaler.scale(bounded)
+            if not self.scaler.scale(bounded, r.version):
+                return  # someone changed the replicas since the read: judged again next iteration
             sc.desired, sc.last_scale = bounded, now_rfc3339()
             sc.reason = (f"spec.replicas {r.spec} is outside [{self.autoscaler.policy.min_replicas}, "
                          f"{self.autoscaler.policy.max_replicas}]: scaled to {bounded}")
@@ -508,11 +519,21 @@ class TunerLoop:
         desired, why = decision.desired, decision.reason
         if exploring and desired < sc.replicas:
             desired, why = sc.replicas, f"{why}; scaling down waits for the best knobs (exploring)"
-        sc.desired, sc.needed, sc.reason = desired, decision.needed, why
+        sc.desired, sc.needed, sc.reason, sc.helps = desired, decision.needed, why, decision.helps
         if sc.mode == "auto" and not sc.refused and desired != sc.replicas:
+            # decided on the count read before the window: read it again and write against that version, so a
+            # person's `kubectl scale` (to 0 in an incident) during the window is never overwritten
+            r = self.scaler.replicas()
+            if r.spec != sc.replicas:
+                sc.reason = (f"{why}; not applied: spec.replicas changed to {r.spec} during the window (someone "
+                             f"else scaled), judged again from there")
+                sc.replicas, sc.desired = r.spec, r.spec
+                return
             log.info("scaling %d -> %d replicas: %s", sc.replicas, desired, why)
-            self.scaler.scale(desired)
-            sc.last_scale = now_rfc3339()
+            if self.scaler.scale(desired, r.version):
+                sc.last_scale = now_rfc3339()
+            else:
+                sc.reason = f"{why}; not applied: the resource changed while writing, judged again next window"
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _apply(self, knobs: Knobs) -> None:

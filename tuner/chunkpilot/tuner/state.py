@@ -46,6 +46,8 @@ class ScalingState:
     needed: int | None = None
     reason: str = ""
     refused: str = ""  # why auto is not in effect (e.g. an HPA targets the resource)
+    refused_reason: str = "ConflictingAutoscaler"  # the Autoscaling condition's reason while refused
+    helps: bool = True  # False: no replica count is predicted to keep the SLOs, the count is held
     last_scale: str | None = None
 
 
@@ -119,11 +121,14 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
 
 
 def _autoscaling_condition(sc: ScalingState) -> Condition:
-    """Autoscaling=False with ConflictingAutoscaler while auto is refused; else True: AtMaxReplicas when the load
-    needs more than the bound allows, Scaling while the replicas differ from the desired, Recommending, Stable."""
+    """Autoscaling=False while auto is refused (ConflictingAutoscaler, AdvisoryTuning); else True:
+    ReplicasWouldNotHelp when no count is predicted to keep the SLOs (held), AtMaxReplicas when the load needs more
+    than the bound allows, Scaling while the replicas differ from the desired, Recommending, Stable."""
     if sc.refused:
-        return Condition(type="Autoscaling", status="False", reason="ConflictingAutoscaler", message=sc.refused[:1024])
-    if sc.needed is not None and sc.desired is not None and sc.needed > sc.desired:
+        return Condition(type="Autoscaling", status="False", reason=sc.refused_reason, message=sc.refused[:1024])
+    if not sc.helps:
+        reason = "ReplicasWouldNotHelp"
+    elif sc.needed is not None and sc.desired is not None and sc.needed > sc.desired:
         reason = "AtMaxReplicas"
     elif sc.mode == "recommend":
         reason = "Recommending"

@@ -156,8 +156,9 @@ class FleetScaler:
     def replicas(self) -> ReplicaCount:
         return ReplicaCount(spec=self.fleet.spec_replicas, ready=self.fleet.ready)
 
-    def scale(self, replicas: int) -> None:
-        self.fleet.scale(replicas)
+    def scale(self, replicas: int, version: str | None = None) -> bool:
+        self.fleet.scale(replicas)  # the simulator has no other writer
+        return True
 
     def refused(self) -> str:
         return ""
