@@ -64,3 +64,49 @@ def test_threads_follow_the_resources(monkeypatch):
     assert wait_for(lambda: inside() == {"b"}, 5)
     s.stop_all(5)
     assert not s.running() and not inside()
+
+
+def test_a_failed_iteration_keeps_the_loop_and_its_scaling_history(monkeypatch):
+    """Review: any exception in a tuning thread (a 404 from scale after a deletion, an API 5xx) escaped tune_one,
+    and the supervisor built a new loop, losing the scale-down stabilization history. Now the same loop goes on
+    after a pause, and the history is kept per resource uid, across rebuilds too."""
+    import kopf
+    from kubernetes.client.exceptions import ApiException
+
+    from chunkpilot.tuner import daemon
+
+    from ..operator.operator_proc import sample
+
+    raw = sample("llm", "team")
+    raw["metadata"]["uid"] = "u-1"
+    stopped = threading.Event()
+    built, iterations = [], []
+
+    class Loop:
+        def iterate(self):
+            iterations.append(1)
+            if len(iterations) == 1:
+                raise ApiException(status=500, reason="Internal Server Error")
+            if len(iterations) == 2:
+                raise ApiException(status=404, reason="Not Found")
+            stopped.set()
+
+    def build_loop(config, actuator, measurer, publisher, scaler=None, scaling_history=None):
+        built.append(scaling_history)
+        return Loop()
+
+    class Kube:
+        def read_inference_deployment(self, namespace, name):
+            return raw
+
+    monkeypatch.setattr(daemon, "build_loop", build_loop)
+    monkeypatch.setattr(daemon, "ERROR_BACKOFF_INITIAL", 0.01)
+    memo = kopf.Memo(kube=Kube(), cluster=daemon.ClusterConfig(prometheus_url="http://x", storage=":memory:"),
+                     metrics=None)
+    daemon.tune_one("team", "llm", "u-1", memo, stopped)
+    assert len(built) == 1 and len(iterations) == 3  # one loop, through both failures
+    built[0].append((0.0, 3))  # a recommendation the autoscaler made
+    stopped.clear()
+    iterations.clear()
+    daemon.tune_one("team", "llm", "u-1", memo, stopped)  # the thread restarted (or the spec changed)
+    assert built[1] is built[0] and built[1] == [(0.0, 3)]

@@ -119,9 +119,10 @@ def stabilize(history: list[tuple[float, int]], now: float, current: int, policy
 class Autoscaler:
     """Remembers the recommendations for stabilization; everything else is the pure functions above."""
 
-    def __init__(self, policy: ScalingPolicy) -> None:
+    def __init__(self, policy: ScalingPolicy, history: list[tuple[float, int]] | None = None) -> None:
         self.policy = policy
-        self.history: list[tuple[float, int]] = []
+        # kept in place (never rebound): a caller's list outlives this object
+        self.history: list[tuple[float, int]] = [] if history is None else history
 
     def decide(self, context: guide.Context, knobs: Knobs, slo: SLOTargets, current: int, now: float,
                observations: list[guide.Observation] = (), breached: bool = False) -> Decision:
@@ -136,7 +137,7 @@ class Autoscaler:
                       f"(the model said {reason.split(' ')[0]}): one more")
         self.history.append((now, recommendation))
         keep = max(self.policy.up_stabilization, self.policy.down_stabilization)
-        self.history = [(t, r) for t, r in self.history if now - t <= keep] or self.history[-1:]
+        self.history[:] = [(t, r) for t, r in self.history if now - t <= keep] or self.history[-1:]
         desired = stabilize(self.history, now, current, self.policy)
         if desired != recommendation:
             reason += (f"; held at {desired} by the {'scale-down' if recommendation < current else 'scale-up'} "

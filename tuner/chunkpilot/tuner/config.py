@@ -56,11 +56,11 @@ def parse_bounds(text: str, what: str) -> tuple[int, int]:
 
 
 def build_loop(config: TuningConfig, actuator: Actuator, measurer: Measurer, publisher: Publisher,
-               scaler: Scaler | None = None) -> TunerLoop:
+               scaler: Scaler | None = None, scaling_history: list | None = None) -> TunerLoop:
     if config.slo.ttft is None and config.slo.itl is None:
         raise ValueError("tuning needs at least one SLO (TTFT or ITL)")
     space = config.space()
     study = TunerStudy(config.storage, config.deployment, space, config.slo, config.settings.objective,
                        seed=config.seed)
     return TunerLoop(config.settings, space, study, actuator, measurer, publisher, config.slo, scaler=scaler,
-                     scaling=config.scaling)
+                     scaling=config.scaling, scaling_history=scaling_history)

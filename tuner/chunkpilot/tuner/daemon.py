@@ -44,6 +44,9 @@ from chunkpilot.tuner.state import TunerState, conditions, dump, status_autoscal
 from chunkpilot.tuner.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+# Pause after a failed iteration, doubling up to the max while failures repeat.
+ERROR_BACKOFF_INITIAL = 2.0
+ERROR_BACKOFF_MAX = 60.0
 ANNOTATION_PREFIX = f"tuner.{GROUP}"
 
 
@@ -260,7 +263,13 @@ def poster(raw: dict):
 
 def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: threading.Event) -> None:
     """One resource's tuning: rebuild the loop when the tuning spec changes, iterate until stopped or gone. Pinned
-    to the resource's uid: a new resource of the same name gets a fresh thread, study state and generation."""
+    to the resource's uid: a new resource of the same name gets a fresh thread, study state and generation.
+
+    A failed call inside an iteration (the object deleted under a scale write, an API server 5xx, Prometheus
+    answering garbage) costs one iteration, not the loop: the same loop goes on after a pause, with its study
+    position and its scaling history. The autoscaler's recommendations are kept per uid in `memo` too, so a spec
+    change that rebuilds the loop (or a restart of this thread) does not start a scale-down stabilization window
+    over."""
     kube: Kube = memo.kube
     cluster: ClusterConfig = memo.cluster
     writer = StatusWriter(kube, namespace, name)
@@ -268,9 +277,13 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
     built_for: TuningConfig | None = None
     selector = cluster.selector_template.format(namespace=namespace, name=name)
     sleep = stopped.wait  # True once stopped: the measurer gives up its window
+    histories = memo.setdefault("scaling_histories", {})
+    history = histories.setdefault(uid, [])
+    backoff = ERROR_BACKOFF_INITIAL
     while not stopped.is_set():
         raw = kube.read_inference_deployment(namespace, name)
         if raw is None or raw["metadata"].get("uid", "") != uid:
+            histories.pop(uid, None)
             return
         try:
             config = tuning_config(namespace, name, raw.get("spec") or {}, cluster)
@@ -286,10 +299,18 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
             loop = build_loop(config, StatusActuator(writer, source, start, generation),
                               PrometheusMeasurer(source, config.slo, sleep=sleep),
                               StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)),
-                              scaler=StatusScaler(kube, namespace, name))
+                              scaler=StatusScaler(kube, namespace, name), scaling_history=history)
             built_for = config
             log.info("tuning %s/%s: study %s, mode %s", namespace, name, config.deployment, config.settings.mode)
-        loop.iterate()
+        try:
+            loop.iterate()
+            backoff = ERROR_BACKOFF_INITIAL
+        except Exception as e:  # noqa: BLE001 - one failed call is not a reason to lose the loop (above)
+            what = f"Kubernetes API {e.status} {e.reason}" if isinstance(e, ApiException) else repr(e)
+            log.warning("tuning %s/%s: an iteration failed (%s); the same loop goes on in %.0f s", namespace, name,
+                        what, backoff, exc_info=not isinstance(e, ApiException))
+            sleep(backoff)
+            backoff = min(backoff * 2, ERROR_BACKOFF_MAX)
 
 
 def build_registry() -> kopf.OperatorRegistry:

@@ -114,7 +114,9 @@ class TunerSettings:
 class TunerLoop:
     def __init__(self, settings: TunerSettings, space: SearchSpace, study: TunerStudy, actuator: Actuator,
                  measurer: Measurer, publisher: Publisher, slo: SLOTargets, scaler: Scaler | None = None,
-                 scaling: ScalingPolicy | None = None, clock=None) -> None:
+                 scaling: ScalingPolicy | None = None, clock=None, scaling_history: list | None = None) -> None:
+        """`scaling_history`: the autoscaler's (time, recommendation) list, owned by the caller so that it outlives
+        this loop (daemon.tune_one keeps one per resource)."""
         self.s = settings
         self.space = space
         self.study = study
@@ -136,7 +138,7 @@ class TunerLoop:
             self.state.reason = f"closed {study.closed_stale} trial(s) interrupted by a restart"
         # replicas as the last knob: only with a scaler and a policy that is not off
         self.scaler = scaler if scaling is not None and scaling.mode != "off" else None
-        self.autoscaler = Autoscaler(scaling) if self.scaler is not None else None
+        self.autoscaler = Autoscaler(scaling, scaling_history) if self.scaler is not None else None
         self._clock = clock or time.monotonic
         self._seen_replicas: int | None = None
         self._warm = True  # False from a replica change until a window has passed with every pod ready
