@@ -92,7 +92,7 @@ class FakeScaler:
 
     def scale(self, replicas: int, version: str | None = None) -> bool:
         self.calls.append(replicas)
-        self.spec = replicas
+        self.spec, self.ready = replicas, min(self.ready, replicas)  # the ReplicaSet removes unready pods first
         return True
 
     def refused(self) -> str:
@@ -121,11 +121,11 @@ class NullActuator:
     def current(self): return KNOBS
 
 
-def loop_with(scaler, policy=POLICY, measurer=None) -> TunerLoop:
+def loop_with(scaler, policy=POLICY, measurer=None, clock=None, **settings) -> TunerLoop:
     space = SearchSpace.from_bounds((32, 2048), (32, 2048), 16, points_per_octave=2)
     study = TunerStudy(":memory:", "t", space, SLO, "goodput", seed=0)
-    return TunerLoop(TunerSettings(window=20, warmup=2, min_requests=1), space, study, NullActuator(),
-                     measurer or CountingMeasurer(), _Quiet(), SLO, scaler=scaler, scaling=policy)
+    return TunerLoop(TunerSettings(window=20, warmup=2, min_requests=1, **settings), space, study, NullActuator(),
+                     measurer or CountingMeasurer(), _Quiet(), SLO, scaler=scaler, scaling=policy, clock=clock)
 
 
 def test_no_trial_while_pods_are_not_ready_and_a_warmup_window_after_a_change():
@@ -210,6 +210,34 @@ class LoadMeasurer(CountingMeasurer):
             self.on_window()
         return Window(seconds=seconds, requests=40, request_rate=self.rate, output_tokens_per_s=30.0,
                       goodput=self.rate, ttft=1.0, itl=5.0 if self.breach else 0.1)
+
+
+def test_a_pod_that_never_gets_ready_does_not_freeze_scaling_or_tuning():
+    """Review: spec 4, ready 3 gave 0 scale calls in 50 iterations, phase stuck at Scaling: one crash-looping pod
+    stopped scale-down and tuning for good. Now, as an HPA does, the ready pods decide: a scale-down goes on while
+    a pod is not ready, and past the readiness timeout tuning goes on with the ready pods."""
+    scaler = FakeScaler(spec=4, ready=3)
+    measurer = LoadMeasurer(scaler, rate=0.5)  # one pod carries it
+    loop = loop_with(scaler, ScalingPolicy(mode="auto", min_replicas=1, max_replicas=4, down_stabilization=0),
+                     measurer, clock=lambda: measurer.waited)
+    for _ in range(5):
+        loop.iterate()
+        if scaler.calls:
+            break
+    assert scaler.calls and scaler.calls[-1] < 4, (scaler.calls, loop.state.reason)
+
+    stuck = FakeScaler(spec=2, ready=1)
+    measurer = LoadMeasurer(stuck, rate=0.5)
+    loop = loop_with(stuck, ScalingPolicy(mode="recommend", min_replicas=1, max_replicas=4), measurer,
+                     clock=lambda: measurer.waited, readiness_timeout=60)
+    outcomes = [loop.iterate() for _ in range(6)]
+    assert outcomes[0] == "scaling"
+    assert any(o != "scaling" for o in outcomes), outcomes
+    assert loop.state.phase != "Scaling" and loop.study.completed()  # a trial on the ready pod
+    cond = {c.type: c for c in conditions(loop.state, SLO)}["Autoscaling"]
+    assert cond.reason == "ReplicasNotReady", cond
+    stuck.ready = 2  # it recovered: a warm-up window on both, then tuning on both
+    assert loop.iterate() == "scaling" and "warm-up" in loop.state.reason
 
 
 def test_a_replica_count_changed_during_the_window_is_never_overwritten():

@@ -106,6 +106,9 @@ class TunerSettings:
     # knob look unsafe (the load is the knobs' input, not their result), and more steps at more knobs fit better.
     lookback_windows: float = 3.0
     apply_timeout: float = 60.0
+    # Pods not ready for this long (a crash loop, a node gone) no longer hold tuning: the ready pods are the
+    # deployment, as an HPA decides from its ready pods.
+    readiness_timeout: float = 600.0
     poll: float = 1.0
     backoff_initial: float = 2.0
     backoff_max: float = 60.0
@@ -141,6 +144,8 @@ class TunerLoop:
         self.autoscaler = Autoscaler(scaling, scaling_history) if self.scaler is not None else None
         self._clock = clock or time.monotonic
         self._seen_replicas: int | None = None
+        self._serving: int | None = None  # pods a trial's window is measured on: spec, or the ready ones (below)
+        self._unready_since: float | None = None
         self._warm = True  # False from a replica change until a window has passed with every pod ready
         if self.autoscaler is not None:
             self.state.scaling = ScalingState(mode=scaling.mode)
@@ -163,6 +168,10 @@ class TunerLoop:
             self.state.healthy = True
             if self.scaler is not None and outcome in ("trial", "cut", "exploit", "reopen", "advise"):
                 self._autoscale()
+            elif self.scaler is not None and outcome == "scaling" and self._unready_since is not None:
+                # pods not ready: decide from the ready ones, as an HPA does; a scale-down (which removes unready
+                # pods first) may go on, more pods wait for the deadline
+                self._autoscale(settling=True)
         except MeasurementUnavailable as e:
             outcome = self._hold(str(e))
         if self.state.feasible is False and self.state.healthy and self.state.phase == "Exploring":
@@ -468,16 +477,39 @@ class TunerLoop:
         sc.replicas, sc.ready = r.spec, r.ready
         changed = self._seen_replicas is not None and r.spec != self._seen_replicas
         self._seen_replicas = r.spec
-        if changed or r.ready < r.spec:
-            self._warm = False
+        if r.ready >= r.spec:
+            self._unready_since = None
+        elif self._unready_since is None or changed:
+            self._unready_since = self._clock()
+        sc.not_ready_long = self._unready_since is not None and \
+            self._clock() - self._unready_since >= self.s.readiness_timeout
+        if changed:
+            self._warm, self._serving = False, r.spec
             return False
+        if r.ready < r.spec:
+            if r.ready == 0 or self._clock() - self._unready_since < self.s.readiness_timeout:
+                self._warm = False
+                return False
+            if self._serving != r.ready:  # past the deadline: the ready pods are the deployment, from a warm-up on
+                self._serving, self._warm = r.ready, False
+                return False
+            return self._warm
+        if self._serving is not None and self._serving < r.spec:  # the others became ready: warm up on all
+            self._serving, self._warm = r.spec, False
+            return False
+        self._serving = r.spec
         return self._warm
 
     def _settle(self) -> str:
         sc = self.state.scaling
         self.state.phase = "Scaling"
-        if sc.ready is not None and sc.replicas is not None and sc.ready < sc.replicas:
-            self.state.reason = f"{sc.ready} of {sc.replicas} replicas ready: no trial until every pod serves"
+        if self._serving is not None and sc.ready == self._serving and sc.ready < sc.replicas:
+            self.state.reason = (f"{sc.ready} of {sc.replicas} replicas ready for over {self.s.readiness_timeout:.0f} s: "
+                                 f"tuning on the ready pods, after one window of warm-up")
+            self._warm = True
+        elif sc.ready is not None and sc.replicas is not None and sc.ready < sc.replicas:
+            self.state.reason = (f"{sc.ready} of {sc.replicas} replicas ready: no trial until every pod serves (or "
+                                 f"{self.s.readiness_timeout:.0f} s pass: then on the ready pods)")
         else:
             self.state.reason = f"replicas changed to {sc.replicas}: one window of warm-up before the next trial"
             self._warm = True  # the wait below is that window
@@ -488,9 +520,9 @@ class TunerLoop:
         """During a trial: did the replicas change or a pod stop being ready? Then the window says nothing about
         the knobs."""
         r = self.scaler.replicas()
-        return r.spec != self._seen_replicas or r.ready < r.spec
+        return r.spec != self._seen_replicas or r.ready < (self._serving if self._serving is not None else r.spec)
 
-    def _autoscale(self) -> None:
+    def _autoscale(self, settling: bool = False) -> None:
         """After a measured window: the replicas the load needs at the best knobs. Knobs first: while exploring,
         the knobs predicted best at the load now decide, so pods are added only when no knobs in bounds fit the
         pods that run; scaling down waits for the best knobs measured (exploiting). In auto mode the loop
@@ -521,6 +553,10 @@ class TunerLoop:
         desired, why = decision.desired, decision.reason
         if exploring and desired < sc.replicas:
             desired, why = sc.replicas, f"{why}; scaling down waits for the best knobs (exploring)"
+        unready_for = self._clock() - self._unready_since if self._unready_since is not None else 0.0
+        if settling and desired > sc.replicas and unready_for < self.s.readiness_timeout:
+            desired, why = sc.replicas, (f"{why}; more pods wait while {sc.replicas - (sc.ready or 0)} are not ready "
+                                         f"(up to {self.s.readiness_timeout:.0f} s)")
         sc.desired, sc.needed, sc.reason, sc.helps = desired, decision.needed, why, decision.helps
         if sc.mode == "auto" and not sc.refused and desired != sc.replicas:
             # decided on the count read before the window: read it again and write against that version, so a

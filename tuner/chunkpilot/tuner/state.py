@@ -48,6 +48,7 @@ class ScalingState:
     refused: str = ""  # why auto is not in effect (e.g. an HPA targets the resource)
     refused_reason: str = "ConflictingAutoscaler"  # the Autoscaling condition's reason while refused
     helps: bool = True  # False: no replica count is predicted to keep the SLOs, the count is held
+    not_ready_long: bool = False  # pods not ready past the readiness timeout: tuning goes on the ready ones
     last_scale: str | None = None
 
 
@@ -122,12 +123,16 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
 
 def _autoscaling_condition(sc: ScalingState) -> Condition:
     """Autoscaling=False while auto is refused (ConflictingAutoscaler, AdvisoryTuning); else True:
+    ReplicasWouldNotHelp when no count is predicted to keep the SLOs (held), ReplicasNotReady when pods have not
+    been ready past the readiness timeout (tuning and scaling go on from the ready ones), AtMaxReplicas; earlier:
     ReplicasWouldNotHelp when no count is predicted to keep the SLOs (held), AtMaxReplicas when the load needs more
     than the bound allows, Scaling while the replicas differ from the desired, Recommending, Stable."""
     if sc.refused:
         return Condition(type="Autoscaling", status="False", reason=sc.refused_reason, message=sc.refused[:1024])
     if not sc.helps:
         reason = "ReplicasWouldNotHelp"
+    elif sc.not_ready_long:
+        reason = "ReplicasNotReady"
     elif sc.needed is not None and sc.desired is not None and sc.needed > sc.desired:
         reason = "AtMaxReplicas"
     elif sc.mode == "recommend":
