@@ -124,6 +124,36 @@ def test_scaling_to_one_replica_removes_the_pdb(cluster):
     assert eventually(lambda: k.get("poddisruptionbudgets", NS, "eta") is not None)
 
 
+def test_an_hpa_on_the_child_deployment_owns_its_replicas(cluster):
+    """Review: an HPA that targets the Deployment (not the InferenceDeployment) was not detected, and every pass
+    re-applied spec.replicas against it. Here the real HPA controller (kube-controller-manager: no metrics, so it
+    only enforces its minReplicas 3) scales the Deployment to 3; the operator leaves that count alone through
+    later passes, says where the HPA should point, and the status follows the Deployment."""
+    import kubernetes
+
+    cp, k, op = cluster
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+           "metadata": {"name": "scaled-child-hpa", "namespace": NS},
+           "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "scaled-child"},
+                    "minReplicas": 3, "maxReplicas": 5,
+                    "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
+                        "type": "Utilization", "averageUtilization": 80}}}]}}
+    kubernetes.client.AutoscalingV2Api(k.api).create_namespaced_horizontal_pod_autoscaler(NS, hpa)
+    k.create(sample("scaled-child", NS, replicas=2))
+    assert eventually(lambda: k.children_exist(NS, "scaled-child"))
+    assert eventually(lambda: k.get("deployments", NS, "scaled-child")["spec"]["replicas"] == 3, 90), \
+        "the HPA controller did not enforce its minReplicas"
+    k.patch("scaled-child", {"metadata": {"labels": {"poke": "1"}}}, NS)  # a pass
+    assert eventually(lambda: any(r == "DeploymentAutoscaled" and "scaled-child-hpa" in m
+                                  for _, r, m in k.events(NS, "scaled-child"))), op.log()
+    mark = cp.audit_mark()
+    k.patch("scaled-child", {"spec": {"scheduler": {"tokenBudget": 256, "maxChunk": 64}}}, NS)  # a pass that writes
+    assert eventually(lambda: k.knobs(NS, "scaled-child")["token_budget"] == 256)
+    assert eventually(lambda: k.status(NS, "scaled-child")["scheduler"]["tokenBudget"] == 256)  # the pass is complete
+    assert operator_writes(cp, mark, "deployments", "scaled-child") == [], "the operator fought the HPA over replicas"
+    assert k.get("deployments", NS, "scaled-child")["spec"]["replicas"] == 3
+
+
 def test_image_change_rolls_the_deployment(cluster):
     cp, k, op = cluster
     k.create(sample("delta", NS, replicas=1))

@@ -160,6 +160,12 @@ def test_autoscaling_writes_the_scale_subresource_and_refuses_auto_under_an_hpa(
                         "metric": {"name": "chunkpilot:tuner_desired_replicas"},
                         "target": {"type": "AverageValue", "averageValue": "1"}}}]}}
     kubernetes.client.AutoscalingV2Api(k.api).create_namespaced_horizontal_pod_autoscaler(ns, hpa)
+    # an HPA on the operator's Deployment of the resource fights over the same replicas
+    k.create(sample("deployed", ns, replicas=1, autoscaling=scaling))
+    on_child = {**hpa, "metadata": {"name": "child-hpa", "namespace": ns},
+                "spec": {**hpa["spec"], "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                           "name": "deployed"}}}
+    kubernetes.client.AutoscalingV2Api(k.api).create_namespaced_horizontal_pod_autoscaler(ns, on_child)
     with tuner(chart_accounts["tuner"], tmp_path) as proc:
         def replicas(name):
             return k.get("inferencedeployments", ns, name)["spec"]["replicas"]
@@ -175,4 +181,7 @@ def test_autoscaling_writes_the_scale_subresource_and_refuses_auto_under_an_hpa(
         st = k.status(ns, "scaled")["autoscaling"]
         assert st["desiredReplicas"] == 2 and "outside [2, 3]" in st["reason"], st
         assert replicas("contested") == 1  # the tuner never wrote it
+        assert wait_for(lambda: "the Deployment of this InferenceDeployment" in
+                        k.cond(ns, "deployed", "Autoscaling").get("message", ""), 60, poll=0.25), proc.log()
+        assert replicas("deployed") == 1
         assert proc.stop() == 0, proc.log()

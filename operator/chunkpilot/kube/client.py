@@ -136,17 +136,19 @@ class Kube:
         return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object_scale(
             GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE, _preload_content=False))
 
-    def autoscalers_targeting(self, namespace: str, kind: str, name: str) -> list[str]:
-        """Names of the HorizontalPodAutoscalers (autoscaling/v2) in `namespace` whose scaleTargetRef is this
-        object of our group."""
+    def autoscalers_targeting(self, namespace: str, targets: list[tuple[str, str, str]]) -> dict[str, tuple]:
+        """The HorizontalPodAutoscalers (autoscaling/v2) in `namespace` whose scaleTargetRef is one of `targets`
+        ((API group, kind, name); "" is the core group): {HPA name: the target it names}."""
         items = self._json(self._api("AutoscalingV2Api").list_namespaced_horizontal_pod_autoscaler(
             namespace, _preload_content=False)).get("items", [])
-        out = []
+        out = {}
         for hpa in items:
             ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
-            if ref.get("kind") == kind and ref.get("name") == name and \
-                    (ref.get("apiVersion") or "").split("/")[0] == GROUP:
-                out.append(hpa["metadata"]["name"])
+            api_version = ref.get("apiVersion") or ""
+            group = api_version.split("/")[0] if "/" in api_version else ""
+            target = (group, ref.get("kind"), ref.get("name"))
+            if target in targets:
+                out[hpa["metadata"]["name"]] = target
         return out
 
     def crd_exists(self, name: str) -> bool:

@@ -35,6 +35,9 @@ SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 OPTIONAL_CHILDREN = [("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
                      ("networking.k8s.io/v1", "NetworkPolicy")]
 
+# How long a namespace's HPAs on a child Deployment are trusted before they are listed again.
+HPA_CACHE_SECONDS = 30.0
+
 
 @dataclass
 class Outcome:
@@ -63,6 +66,8 @@ class Reconciler:
         self._crd_cache: tuple[float, bool] | None = None
         self._crd_cache_seconds = crd_cache_seconds
         self._warned_monitor: set[str] = set()
+        self._warned_hpa: set[str] = set()
+        self._hpa_cache: dict[tuple[str, str], tuple[float, list[str]]] = {}
 
     def reconcile(self, raw: dict) -> Outcome:
         meta = raw.get("metadata", {})
@@ -118,6 +123,8 @@ class Reconciler:
                 scheduler = knobs
         spec = raw.get("spec") or {}
         replicas = obj.spec.replicas if obj is not None else int(spec.get("replicas") or 0)
+        if deploy_live is not None and self._hpa_cache.get((ns, name), (0.0, []))[1]:  # the HPA owns the count
+            replicas = int((deploy_live.get("spec") or {}).get("replicas") or 0)
         patch = status_patch(status, deploy=deploy_live, desired_replicas=replicas, generation=meta.get("generation"),
                              selector=",".join(f"{k}={v}" for k, v in builders.selector_labels(name).items()),
                              scheduler=scheduler, problem=out.problem, now=now_rfc3339())
@@ -187,6 +194,8 @@ class Reconciler:
             raise _NameConflict(taken)
         deploy_live = None
         for want, live in zip(desired, lives):
+            if want["kind"] == "Deployment" and live is not None:
+                want = self._defer_replicas(raw, want, live)
             action = plan(want, live)
             if action == "create":
                 try:
@@ -211,6 +220,41 @@ class Reconciler:
                 deploy_live = live
         self._prune(raw, desired, out)
         return deploy_live
+
+    def _defer_replicas(self, raw: dict, want: dict, live: dict) -> dict:
+        """An HPA that targets the Deployment (not the InferenceDeployment) owns its replicas: the operator keeps
+        the live count instead of re-applying spec.replicas against it (two controllers fighting), and says once
+        where the HPA should point. The field stays in the applied object (dropping a field this manager owns
+        would reset it to the default)."""
+        m = want["metadata"]
+        hpas = self._hpas_on_deployment(m["namespace"], m["name"])
+        if not hpas:
+            return want
+        uid = raw["metadata"].get("uid", "")
+        if uid not in self._warned_hpa:
+            self._warned_hpa.add(uid)
+            self.post_event(raw, "Warning", "DeploymentAutoscaled",
+                            f"HorizontalPodAutoscaler {', '.join(hpas)} targets Deployment {m['name']}: the operator "
+                            f"leaves its replicas to it and spec.replicas is not applied. Point the HPA at the "
+                            f"InferenceDeployment instead (scaleTargetRef kind InferenceDeployment, its scale "
+                            f"subresource), or use spec.autoscaling")
+        kept = json.loads(json.dumps(want))
+        kept["spec"]["replicas"] = (live.get("spec") or {}).get("replicas", kept["spec"].get("replicas"))
+        return kept
+
+    def _hpas_on_deployment(self, namespace: str, name: str) -> list[str]:
+        """HPAs on the child Deployment, read at most every HPA_CACHE_SECONDS per object. A list that cannot be
+        read (RBAC of an older chart) counts as none: the operator then behaves as before."""
+        now = time.monotonic()
+        hit = self._hpa_cache.get((namespace, name))
+        if hit is None or now - hit[0] > HPA_CACHE_SECONDS:
+            try:
+                names = sorted(self.kube.autoscalers_targeting(namespace, [("apps", "Deployment", name)]))
+            except ApiException as e:
+                log.warning("cannot list HorizontalPodAutoscalers in %s: %s", namespace, _api_message(e, "listing"))
+                names = []
+            hit = self._hpa_cache[(namespace, name)] = (now, names)
+        return hit[1]
 
     def _prune(self, raw: dict, desired: list[dict], out: Outcome) -> None:
         """Delete the optional children the spec no longer wants (PDB at replicas <= 1, ServiceMonitor switched

@@ -175,15 +175,20 @@ class StatusScaler:
         if self._checked is None or now - self._checked >= self.HPA_CHECK_SECONDS:
             self._checked = now
             try:
-                hpas = self.kube.autoscalers_targeting(self.namespace, KIND, self.name)
+                # ours, or the Deployment the operator made for it (same name): either fights over the replicas
+                hpas = self.kube.autoscalers_targeting(self.namespace, [(GROUP, KIND, self.name),
+                                                                         ("apps", "Deployment", self.name)])
             except ApiException as e:  # not knowing is no licence to fight another controller
                 self._refused = (f"cannot list HorizontalPodAutoscalers in {self.namespace} ({e.status} {e.reason}): "
                                  f"autoscaling.mode auto is refused until the tuner may (chart RBAC)")
                 return self._refused
             self._refused = "" if not hpas else (
-                f"HorizontalPodAutoscaler {', '.join(hpas)} targets this InferenceDeployment: autoscaling.mode auto "
-                f"is refused, two controllers must not fight over replicas; recommending only. Use mode recommend "
-                f"and let the HPA act on chunkpilot:tuner_desired_replicas, or delete the HPA")
+                f"HorizontalPodAutoscaler {', '.join(hpas)} targets "
+                + ("the Deployment of this InferenceDeployment"
+                   if all(t[1] == "Deployment" for t in hpas.values()) else "this InferenceDeployment")
+                + ": autoscaling.mode auto is refused, two controllers must not fight over replicas; recommending "
+                  "only. Use mode recommend and let an HPA on the InferenceDeployment (its scale subresource) act "
+                  "on chunkpilot:tuner_desired_replicas, or delete the HPA")
         return self._refused
 
 
