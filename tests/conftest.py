@@ -83,7 +83,8 @@ def control_plane(tmp_path_factory):
 @pytest.fixture(scope="session")
 def chart_accounts(control_plane, tmp_path_factory):
     """The chart's ServiceAccounts and RBAC (rendered by `helm template`, applied to the real API server) and a
-    kubeconfig for each, with a token from the TokenRequest API: {"operator": path, "tuner": path}."""
+    kubeconfig for each, with a token from the TokenRequest API: {"operator": path, "tuner": path,
+    "finalizer-cleanup": path} (the last is the install/upgrade hook Job's)."""
     import kubernetes
 
     from .chart.test_chart import docs, render
@@ -95,7 +96,7 @@ def chart_accounts(control_plane, tmp_path_factory):
             kubernetes.utils.create_from_dict(api, doc, namespace=CHART_NAMESPACE)
     out = tmp_path_factory.mktemp("accounts")
     return {c: control_plane.service_account_kubeconfig(CHART_NAMESPACE, f"cp-chunkpilot-{c}", out / f"{c}.kubeconfig")
-            for c in ("operator", "tuner")}
+            for c in ("operator", "tuner", "finalizer-cleanup")}
 
 
 CHART_NAMESPACE = "chunkpilot"  # where tests/chart/test_chart.py's `helm template` puts the chart

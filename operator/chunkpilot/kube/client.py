@@ -122,6 +122,23 @@ class Kube:
         return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE, _preload_content=False))
 
+    def list_inference_deployments(self, namespaces: list[str] | tuple[str, ...] = ()) -> list[dict]:
+        """Every InferenceDeployment of `namespaces` (all namespaces when empty)."""
+        api = self._api("CustomObjectsApi")
+        if not namespaces:
+            return self._json(api.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False))["items"]
+        return [i for ns in namespaces for i in self._json(api.list_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, _preload_content=False))["items"]]
+
+    def remove_finalizer(self, namespace: str, name: str, finalizer: str, index: int) -> None:
+        """A JSON patch that tests the entry at `index` before removing it: a finalizer list someone changed
+        meanwhile is never overwritten (422 instead)."""
+        path = f"/metadata/finalizers/{index}"
+        self._api("CustomObjectsApi").patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, [{"op": "test", "path": path, "value": finalizer},
+                                                      {"op": "remove", "path": path}],
+            _content_type="application/json-patch+json", _preload_content=False)
+
     def read_inference_deployment(self, namespace: str, name: str) -> dict | None:
         return self.read(f"{GROUP}/{VERSION}", "InferenceDeployment", namespace, name)
 

@@ -19,6 +19,8 @@ class KopfProcess:
     peering: str | None = None  # None: standalone
     priority: int = 0
     liveness: str | None = None
+    # kopf's finalizer name; kopf patches a resource to remove it when no handler needs it. None: <prefix>/finalizer
+    finalizer: str | None = None
     workers: int = 16  # executor threads for sync handlers and daemons
 
     def settings(self) -> kopf.OperatorSettings:
@@ -26,7 +28,7 @@ class KopfProcess:
         s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=self.prefix)
         s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=self.prefix,
                                                                           key="last-handled-configuration")
-        s.persistence.finalizer = f"{self.prefix}/finalizer"
+        s.persistence.finalizer = self.finalizer or f"{self.prefix}/finalizer"
         s.execution.max_workers = self.workers
         # Only our explicit Events reach `kubectl describe`, not kopf's per-handler chatter.
         s.posting.level = logging.WARNING
