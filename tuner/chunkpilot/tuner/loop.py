@@ -284,6 +284,14 @@ class TunerLoop:
                     and load_shift(load_of(m.window)[:2] + (0.0,), now) <= self.s.drift_load_shift}
         allowed = {c.knobs for c in screened if c.safe and c.knobs not in measured}
         allowed |= {k for k, m in measured.items() if m.feasible}
+        if allowed and allowed <= set(measured) and self.study.explored() < self.s.max_trials:
+            # Measured knobs are judged at the load they met, unmeasured ones with the load headroom: with only
+            # the headroom keeping the rest out, the first pick that kept the SLOs would be held for good. The
+            # least-pressure knobs predicted safe at the load now may be tried (a breach is cut short as any).
+            now_screen = guide.screen(context, self.space.all_knobs(), self.slo, observations)
+            more = [c.knobs for c in now_screen if c.safe and c.knobs not in measured]
+            if more:
+                allowed.add(more[0])
         self.state.predicted_safe = len(allowed)
         if not allowed:
             # closest to keeping the SLOs at the load now (the headroom is for exploring, not for this)
