@@ -10,7 +10,7 @@ already meet. So, before the load:
    knobs of the tuner's space are predicted to keep that SLO with the tuner's headroom at the busiest phase's rate.
 3. The measured check (chunkpilot.demo.check) runs the busiest phase's rate on both groups: the knobs the sizing
    counts on must measure an ITL p99 within CHECK_SHARE of the SLO, and the start-up knobs over it. Otherwise the
-   load is resized from what was measured (`next_plan`) and checked again, at most MAX_CHECKS times.
+   SLO or the load is resized from what was measured (`next_plan`) and checked again, at most MAX_CHECKS times.
 
 Both groups get the same sized load; the report states what was sized and what the check measured."""
 
@@ -213,21 +213,43 @@ class Check:
                 f"{s(self.start_itl)} (must be over the SLO){cont}")
 
 
-def next_plan(check: Check, model: StepModel, config) -> tuple[StepModel, object] | None:
-    """How to resize after a failed check: a model slowed by what was measured when the counted knobs were too
-    slow; a busier phase (a quarter more requests a second) when the start-up knobs kept the SLO for too many
-    requests; None when nothing was measured to resize from. MAX_CHECKS bounds how far it goes."""
+@dataclass(frozen=True)
+class Resize:
+    """What the next check runs after a failed one: a re-plan of `config` on `model`, or, with `knobs`, those knobs
+    checked again at `config` as it is (only its SLO moved)."""
+
+    model: StepModel
+    config: object
+    knobs: Knobs | None = None
+    why: str = ""
+
+
+def next_plan(check: Check, model: StepModel, base, sized=None) -> Resize | None:
+    """How to resize after a failed check (`base`: what plan() sized from, `sized`: what it sized):
+    - the counted knobs kept the SLO but not the check's room under it (CHECK_SHARE): the SLO is widened to give
+      them that room, as itl_slo() gives the smallest knobs theirs, if the start-up knobs still break the widened
+      SLO; the load and the knobs stay (the prediction was near, the measurement decides);
+    - the counted knobs broke the SLO itself: the model is slowed by what was measured and the load re-planned;
+    - the start-up knobs kept the SLO for too many requests: a quarter more requests a second (more streams meet
+      a long prompt), re-planned;
+    - None when nothing was measured to resize from. MAX_CHECKS bounds how far it goes."""
+    sized = base if sized is None else sized
     if not check.counted_ok:
         if check.counted_itl is None:
             return None
+        widened = math.ceil(20 * check.counted_itl / CHECK_SHARE - 1e-9) / 20  # in 0.05 s, as itl_slo()
+        if check.counted_itl <= check.itl_slo and check.start_itl is not None and check.start_itl > widened:
+            return Resize(model, replace(sized, itl_slo=widened), check.knobs,
+                          f"the counted knobs kept the SLO without its room: ITL SLO {check.itl_slo:g} -> "
+                          f"{widened:g} s, same load")
         # at least a tenth slower (the check failed), at most 4x per resize (a failed request reads as infinite)
         slower = min(4.0, max(1.1, check.counted_itl / max(1e-9, check.predicted_itl)))
-        return slow(model, slower), config
-    # the start-up knobs kept the SLO for too many requests: more long prompts a second (a quarter more), so that
-    # more streams meet one; the model stays, the counted knobs are re-planned at the new rate
+        return Resize(slow(model, slower), base, why=f"the counted knobs broke the SLO: the model {slower:.2f}x "
+                                                     "slower, the load re-planned")
     if check.start_itl is None:
         return None
-    return model, replace(config, rate=round(config.rate * RATE_UPS[1], 3))
+    return Resize(model, replace(base, rate=round(base.rate * RATE_UPS[1], 3)),
+                  why="the start-up knobs kept the SLO: a quarter more requests a second, re-planned")
 
 
 def slow(model: StepModel, factor: float) -> StepModel:
@@ -266,9 +288,12 @@ def size(config, model: StepModel, space: SearchSpace, measure, say=print, sizin
     """Plan on the probe's `model`, check by `measure(config, knobs, predicted_itl) -> Check`, resize from what
     was measured until the check passes (at most MAX_CHECKS). Returns the sized config and what it did."""
     sizing = sizing or Sizing(model=model)
-    base = config
+    base, resize = config, None
     for attempt in range(1, MAX_CHECKS + 1):
-        config, knobs = plan(base, model, space)
+        if resize is not None and resize.knobs is not None:
+            config, knobs = resize.config, resize.knobs
+        else:
+            config, knobs = plan(base, model, space)
         if knobs is None:
             sizing.notes.append("no knobs are predicted to keep the ITL SLO at the smallest long prompts")
             say("sizing: no knobs are predicted to keep the ITL SLO even at the smallest long prompts")
@@ -283,11 +308,13 @@ def size(config, model: StepModel, space: SearchSpace, measure, say=print, sizin
         say(check.line())
         if check.ok:
             return config, sizing
-        step = next_plan(check, model, replace(base, itl_slo=config.itl_slo, rate=config.rate))
-        if step is None:
+        # the next plan keeps what this one sized from, with the SLO and rate it got to
+        resize = next_plan(check, model, replace(base, itl_slo=config.itl_slo, rate=config.rate), config)
+        if resize is None:
             sizing.notes.append("the check cannot be met by resizing: " + check.line())
             say("the check measured nothing to resize from: the demo goes on as sized")
             return config, sizing
-        model, base = step
+        say(f"resizing: {resize.why}")
+        model, base = resize.model, (base if resize.knobs is not None else resize.config)
     sizing.notes.append(f"the check did not pass in {MAX_CHECKS} tries; the demo goes on with the last sizing")
     return config, sizing
