@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -28,10 +29,25 @@ def kv_blocks(seqs: int, tokens: int, block_size: int = 16) -> int:
     return seqs * -(-tokens // block_size) + 8
 
 
+def commit() -> str | None:
+    """The checkout's commit, "+dirty" when tracked files differ from it (what the figures were measured on);
+    None outside a git checkout (the GPU machine gets a copy of the working tree without .git)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def conditions(**extra) -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"time": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "gpu": gpu, **extra}
+    return {"time": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "machine": platform.platform(),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(), "gpu": gpu,
+            **extra}
 
 
 def save(name: str, result: dict, fig=None) -> None:
