@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run every benchmark (minutes on 2 CPU cores); results land in bench/results/*.json and *.png.
-# Extra arguments (e.g. --device cuda --dtype bfloat16) go to each benchmark.
+# Run every benchmark docs/results.md shows (about 2.5 hours on 2 CPU cores: the demo runs alone take 35 minutes and
+# want the machine to themselves, so they go last), then regenerate docs/results.md from bench/results/*.json.
+# Extra arguments (e.g. --device cuda --dtype bfloat16) go to each engine benchmark.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${CHUNKPILOT_VENV:-.venv}/bin/python
@@ -9,9 +10,16 @@ for b in chunk_overhead roofline stall vs_transformers tensor_parallel; do
     "$PY" "bench/$b.py" "$@"
 done
 # The tuner's benchmarks (simulator; the accuracy check also starts a real server). No device arguments.
-for b in sim_accuracy predictor_vs_sim tuner_vs_grid; do
+for b in sim_accuracy predictor_vs_sim autoscale; do
     echo "== $b"
     "$PY" "bench/$b.py"
 done
+echo "== tuner_vs_grid (model-guided and black-box)"
+"$PY" bench/tuner_vs_grid.py --seeds 30
+echo "== tuner_vs_grid, model-guided"
+"$PY" bench/tuner_vs_grid.py --guidance model --out tuner_vs_grid_model
 echo "== tuner_vs_grid under contention noise"
 "$PY" bench/tuner_vs_grid.py --guidance model --contention 1.0 --out tuner_vs_grid_contention
+echo "== demo_runs (three demos in a row)"
+"$PY" bench/demo_runs.py --runs 3
+"$PY" bench/results_page.py

@@ -45,6 +45,16 @@ def test_committed_crd_matches_the_types():
     assert committed == render(), "crds/ is stale: run `chunkpilot crds generate`"
 
 
+def test_committed_crd_reference_matches_the_types():
+    from chunkpilot.api import reference
+
+    committed = (ROOT / reference.REFERENCE_PATH).read_text()
+    assert committed == reference.render(), "docs/crd-reference.md is stale: run `chunkpilot crds generate`"
+    # every spec field is in it, so a new field cannot go undocumented
+    spec = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert all(f"`.spec.{name}`" in committed for name in spec)
+
+
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_crd_is_a_valid_customresourcedefinition(version):
     import kubernetes_validate

@@ -16,12 +16,19 @@ def generate(
     chart: Optional[Path] = typer.Option(Path("helm/chunkpilot"), "--chart",
                                          help="Chart whose files/engine-rules.json (the env and extraArgs rules its "
                                               "admission policy checks) to write too; empty to skip."),
+    docs: Optional[Path] = typer.Option(Path("."), "--docs",
+                                        help="Repository root whose docs/crd-reference.md to write too; empty to "
+                                             "skip."),
 ) -> None:
-    """Write crds/inferencedeployments.chunkpilot.io.yaml (apply it with kubectl apply -f), and the chart's copy
-    of the operator's env and extraArgs rules."""
+    """Write crds/inferencedeployments.chunkpilot.io.yaml (apply it with kubectl apply -f), the chart's copy
+    of the operator's env and extraArgs rules, and the CRD reference page."""
     from chunkpilot.api.crd import write
 
     typer.echo(str(write(output)))
+    if docs and str(docs):
+        from chunkpilot.api import reference
+
+        typer.echo(str(reference.write(docs)))
     if chart and str(chart):
         from chunkpilot.operator import rules
 

@@ -1,0 +1,309 @@
+"""docs/results.md from the result files: every figure the docs show is read here from bench/results/*.json, with
+the conditions each run recorded (time, commit, machine, torch, GPU). A test regenerates the page and fails when it
+differs from the committed one, so a figure cannot be edited by hand or left behind by a new run.
+
+    python bench/results_page.py            # rewrites docs/results.md and the README's headline
+    python bench/results_page.py --check    # exit 1 when either is not what the files say
+
+Pure json: no torch, no matplotlib (the test runs it anywhere)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PAGE = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+# the README's one generated paragraph, between these markers
+HEADLINE = re.compile(r"(<!-- results:headline[^>]*-->\n)(.*?)(<!-- /results:headline -->)", re.S)
+# conditions keys shown in every section's "measured on" line; the rest are the run's own settings
+MACHINE_KEYS = ("time", "commit", "machine", "cpus", "torch", "threads", "gpu")
+
+
+def pct(x: float | None, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f} %"
+
+
+def times(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}×"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def measured_on(c: dict) -> str:
+    commit = c.get("commit") or "not recorded (run before results carried it)"
+    gpu = c.get("gpu") or "none"
+    return (f"Measured {c.get('time', '?')} at commit `{commit}` on {c.get('machine', '?')}, {c.get('cpus', '?')} "
+            f"CPUs, torch {c.get('torch', '?')}, {c.get('threads', '?')} threads, GPU: {gpu}.")
+
+
+def settings(c: dict) -> str:
+    rest = {k: v for k, v in c.items() if k not in MACHINE_KEYS}
+    if not rest:
+        return ""
+    return "Run conditions: " + ", ".join(f"`{k}` = `{json.dumps(v, sort_keys=True)}`" for k, v in rest.items()) + "."
+
+
+# -- one renderer per result file ------------------------------------------------------------------------------------
+
+def chunk_overhead(d: dict) -> list[str]:
+    s = {k: statistics.median(v) for k, v in d["seconds"].items()}
+    one, chunked = s["one-shot"], next(v for k, v in s.items() if k != "one-shot")
+    r = d["ratio_chunked_over_one_shot"]
+    return table(["what", "measured", "target", "verdict"], [[
+        f"one {d['tokens']}-token prompt in {d['chunk']}-token chunks against one shot",
+        f"{times(r)} ({chunked:.2f} s vs {one:.2f} s, medians)", f"≤ {times(d['target'])}",
+        verdict(r <= d["target"])]])
+
+
+def roofline(d: dict) -> list[str]:
+    dec, pre = d["decode"], d["prefill"]
+    return table(["what", "measured", "target", "verdict"], [
+        [f"batch-1 decode against the copy bound ({dec['bandwidth_GBps']:.1f} GB/s, "
+         f"{dec['bytes_per_token'] / 1e6:.0f} MB a token)",
+         f"{dec['tokens_per_s']:.1f} of {dec['bound_tokens_per_s']:.1f} tokens/s = {pct(dec['fraction_of_bound'])}",
+         f"≥ {pct(dec['target'])}", verdict(dec["fraction_of_bound"] >= dec["target"])],
+        [f"{pre['prompt_tokens']}-token prefill against matmul FLOP/s ({pre['matmul_GFLOPs']:.0f} GFLOP/s)",
+         f"{pre['tokens_per_s']:.0f} of {pre['bound_tokens_per_s']:.0f} tokens/s = {pct(pre['fraction_of_bound'])}",
+         f"≥ {pct(pre['target'])}", verdict(pre["fraction_of_bound"] >= pre["target"])]])
+
+
+def stall(d: dict) -> list[str]:
+    rows = [[name, f"{r['chat_itl_p99_s'] * 1000:.0f} ms", f"{r['decode_step_s'] * 1000:.0f} ms",
+             f"**{times(r['p99_over_decode_step'])}**", f"{r['long_ttft_mean_s']:.1f} s"]
+            for name, r in d["results"].items()]
+    best = min(r["p99_over_decode_step"] for name, r in d["results"].items() if name.startswith("chunked"))
+    return table(["knobs", "chat ITL p99", "decode-only step", "p99 ÷ step", "long prompts' mean TTFT"], rows) + [
+        "", f"Target: chunked p99 ÷ step ≤ {times(d['target_chunked_p99_over_step'])}: "
+            f"{verdict(best <= d['target_chunked_p99_over_step'])} (best chunked {times(best)})."]
+
+
+def vs_transformers(d: dict) -> list[str]:
+    hf = d["transformers_tokens_per_s"]
+    return table(["what", "measured", "target", "verdict"], [[
+        "output tokens/s against transformers `generate` at its best batch size",
+        f"{d['chunkpilot_tokens_per_s']:.1f} vs {hf[str(d['best_batch'])]:.1f} (batch {d['best_batch']}) = "
+        f"**{times(d['ratio'])}**", f"≥ {times(d['target'], 0)}", verdict(d["ratio"] >= d["target"])]])
+
+
+def predictor_vs_sim(d: dict) -> list[str]:
+    rows = [[r["mix"], f"{r['rate']:g}", f"{r['token_budget']}/{r['max_chunk']}",
+             f"{r['itl_predicted'] / r['itl_simulated']:.2f}", f"{r['ttft_predicted'] / r['ttft_simulated']:.2f}",
+             f"{r['utilization']:.2f}"] for r in d["rows"]]
+    return [f"ITL p99 predicted within 25 % of the simulated one in **{d['itl_within_25pct']} of "
+            f"{len(d['rows'])}** cases.", ""] + table(
+        ["mix", "req/s", "knobs", "ITL p99 predicted ÷ simulated", "TTFT p99 predicted ÷ simulated",
+         "prefill utilization"], rows)
+
+
+def sim_accuracy(d: dict) -> list[str]:
+    names = ("ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90", "itl_p99")
+    rows = [[k] + [f"{100 * r['relative_error'][n]:+.0f} %" for n in names] for k, r in d["results"].items()]
+    return [f"Median |error| **{pct(d['median_abs_error'])}**, max {pct(d['max_abs_error'])} (simulated against "
+            "the real server on the same trace; + means the simulator is slower).", ""] + table(
+        ["knobs"] + [n.replace("_", " ") for n in names], rows)
+
+
+def tensor_parallel(d: dict) -> list[str]:
+    rows = [[name, f"{c['prefill_step_seconds'] * 1000:.0f} ms", f"{c['decode_step_seconds'] * 1000:.0f} ms",
+             f"{times(c['prefill_vs_same_cores'])} · {times(c['decode_vs_same_cores'])} of {c['same_cores_as']}",
+             f"{max(c['weight_bytes_per_rank']) / 2 ** 20:.0f} MiB"] for name, c in d["configs"].items()]
+    return table(["configuration", "prefill step", "decode step", "speed-up on the same cores (prefill · decode)",
+                  "weights per rank"], rows)
+
+
+def _tuner_scenarios(d: dict) -> list[str]:
+    modes = [m for m in ("model", "blackbox") if any(m in s["modes"] for s in d["scenarios"])]
+
+    def cell(s: dict | None) -> str:
+        if s is None:
+            return "—"
+        return (f"{s['seeds_at_95pct']}/{s['seeds']} (min {pct(s['min_of_grid_best'], 1)}) · "
+                f"{s['median_trials_to_95']:g} · {pct(s['median_share_over_slo'])} (max "
+                f"{pct(s['max_share_over_slo'])}) · {s['median_windows_over_2x']:g}")
+    rows = []
+    for s in d["scenarios"]:
+        best = s["grid_best"]
+        rows.append([s["cost"], f"{s['rate']:g}, {s['itl_slo']:g} s",
+                     f"{best['knobs'][0]}/{best['knobs'][1]}: {best['goodput']:.2f} req/s "
+                     f"({times(best['goodput'] / s['fixed_2048_goodput'])} fixed 2048)"]
+                    + [cell(s["modes"].get(m, {}).get("summary")) for m in modes])
+    for key, t in d["totals"].items():
+        cost, mode = key.split("/")
+        line = (f"**{t['at_95pct']}/{t['runs']}** · {t['median_trials_to_95']:g} · **{pct(t['median_share_over_slo'])}**"
+                f" · {t['median_windows_over_2x']:g}; median {pct(t['median_of_grid_best'], 1)} of the grid best, "
+                f"{times(t['median_vs_fixed_2048'])} fixed 2048")
+        rows.append([f"{cost}, all", "", ""] + [line if m == mode else "" for m in modes])
+    head = [f"{m}: seeds ≥ 95 % of grid best (worst) · median trials to 95 % · median windows over the SLO (worst "
+            "seed) · median windows over 2×" for m in modes]
+    return table(["cost", "req/s, ITL SLO", "grid best"] + head, rows)
+
+
+def demo_runs(d: dict) -> list[str]:
+    rows = []
+    for i, r in enumerate(d["runs"], 1):
+        c, co = r["config"], (r["probe"].get("coefficients") or {})
+        checks = r.get("checks") or []
+        last = checks[-1] if checks else None
+        check = "—" if last is None else (
+            f"{len(checks)}: {last['knobs'][0]}/{last['knobs'][1]} {last['counted_itl']:.2f} s · start-up "
+            f"{last['start_itl']:.2f} s · {'passed' if last['ok'] else '**not passed**'}")
+        h = r.get("hindsight") or {}
+        rows.append([str(i),
+                     ", ".join(f"{1000 * co[k]:.3g} ms" for k in ("overhead", "prefill_tokens", "decode_seqs",
+                                                                 "kv_kilotokens") if k in co),
+                     f"{c['rate']:g} req/s, ITL SLO {c['itl_slo']:g} s, outputs {c['output_scale']:g}×, "
+                     f"long prompts {pct(c['rag_scale'])}",
+                     check,
+                     f"**{pct(r['attainment']['tuned'])} vs {pct(r['attainment']['fixed'])}**",
+                     f"{r['goodput']['tuned']:.2f} vs {r['goodput']['fixed']:.2f} req/s "
+                     f"(**{times(r['goodput']['ratio'])}**)",
+                     f"{r.get('tuner_windows_over_slo', '?')} of {r.get('tuner_windows', '?')}",
+                     times(r.get("busy_contention")),
+                     (f"{h['best'][0]}/{h['best'][1]}: {pct(h.get('attainment'))}" if h.get("best") else "—")])
+    spread = d.get("probe_spread") or {}
+    agree = ", ".join(f"{k} ±{pct(v['max_deviation'])} ({'/'.join(sorted(set(v['statuses'])))})"
+                      for k, v in spread.items())
+    met = all(r["attainment"]["tuned"] >= 0.9 and (r["goodput"]["ratio"] or 0) >= 1.25 for r in d["runs"])
+    return table(["run", "probe fit: per step, prompt token, decode, 1k keys", "sized load",
+                  "checks: last one's counted knobs · start-up knobs · verdict", "SLO attainment tuned vs fixed",
+                  "goodput tuned vs fixed", "tuner windows over an SLO", "busy phase's steps vs the fit",
+                  "best fixed knobs in hindsight"], rows) + [
+        "", f"Targets (every run ≥ 90 % tuned attainment and ≥ 1.25× goodput): {verdict(met)}. "
+            f"The probe fits' coefficients against their mean: {agree}."]
+
+
+def autoscale(d: dict) -> list[str]:
+    t = d["totals"]
+    rows = []
+    for s in d["per_seed"]:
+        co = s["coordinated"]
+        frozen = next((v for k, v in s["replicas"].items() if k.startswith("tuned-once")), None)
+        start = s["replicas"].get("start-up knobs")
+        rows.append([str(s["seed"]), f"{pct(co['attainment'])} · {co['replica_seconds']:.0f}",
+                     pct(s["knobs"]["attainment"]),
+                     "—" if start is None else f"{pct(start['match']['attainment'])} · "
+                                               f"{start['match']['replica_seconds']:.0f}",
+                     "—" if frozen is None else f"{pct(frozen['match']['attainment'])} · "
+                                                f"{frozen['match']['replica_seconds']:.0f}",
+                     "—" if frozen is None else f"**{pct(frozen['saving'])}**"])
+    return table(["seed", "coordinated: attainment · replica-s", "knobs only (1 replica)",
+                  "replicas only at 2048/2048: best target", "replicas only at frozen tuned knobs: cheapest target "
+                  "at the same attainment", "coordinated saves"], rows) + [
+        "", f"Medians: coordinated {pct(t['coordinated_attainment'])}, knobs only {pct(t['knobs_attainment'])}, "
+            f"replicas only at 2048/2048 {pct(t['replicas_start-up_attainment'])}; coordinated saves "
+            f"{pct(t['saving_vs_tuned-once'])} of the replica-seconds against the frozen tuned knobs (target ≥ 20 %: "
+            f"met in {t['targets_met_vs_tuned-once']} of {len(d['per_seed'])} seeds)."]
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str  # bench/results/NAME.json (and NAME.png)
+    title: str
+    command: str
+    render: Callable[[dict], list[str]]
+
+
+SECTIONS = (
+    Section("demo_runs", "The demo, three times in a row with its defaults", "python bench/demo_runs.py --runs 3",
+            demo_runs),
+    Section("tuner_vs_grid", "Tuner against an exhaustive grid, model-guided and black-box (simulator)",
+            "python bench/tuner_vs_grid.py --seeds 30", _tuner_scenarios),
+    Section("tuner_vs_grid_model", "Tuner against the grid, model-guided, the latest tuner (simulator)",
+            "python bench/tuner_vs_grid.py --guidance model --out tuner_vs_grid_model", _tuner_scenarios),
+    Section("tuner_vs_grid_contention", "Tuner against the grid under contention noise (simulator)",
+            "python bench/tuner_vs_grid.py --guidance model --contention 1.0 --out tuner_vs_grid_contention",
+            _tuner_scenarios),
+    Section("autoscale", "Replicas as the last knob, on a 1 → 3 → 1 ramp (simulator)",
+            "python bench/autoscale.py --seeds 3", autoscale),
+    Section("predictor_vs_sim", "The step-time predictor against the simulator", "python bench/predictor_vs_sim.py",
+            predictor_vs_sim),
+    Section("sim_accuracy", "The simulator against the real server", "python bench/sim_accuracy.py", sim_accuracy),
+    Section("stall", "Stall-free chunked prefill", "python bench/stall.py --long 3", stall),
+    Section("chunk_overhead", "Chunked prefill's overhead", "python bench/chunk_overhead.py", chunk_overhead),
+    Section("roofline", "Roofline", "python bench/roofline.py", roofline),
+    Section("vs_transformers", "Against transformers", "python bench/vs_transformers.py", vs_transformers),
+    Section("tensor_parallel", "Tensor parallelism", "python bench/tensor_parallel.py", tensor_parallel),
+)
+
+
+def page(results: Path = RESULTS) -> str:
+    out = ["# Results", "",
+           "<!-- generated by `python bench/results_page.py` from bench/results/*.json: do not edit by hand -->", "",
+           "Every figure here is read from a file under `bench/results/`, written by the command above it, with the "
+           "conditions it ran under. Benchmarks are not tests: each measures its ratio side by side in one run "
+           "(this shared machine moves by about ±10 % between runs). `bash bench/run_all.sh` runs them all; "
+           "`bench/gpu_check.sh` is the prepared GPU run.", ""]
+    out += [f"- [{s.title}](#{anchor(s.title)})" for s in SECTIONS if (results / f"{s.name}.json").exists()]
+    for s in SECTIONS:
+        path = results / f"{s.name}.json"
+        if not path.exists():
+            continue
+        d = json.loads(path.read_text())
+        out += ["", f"## {s.title}", "", f"`{s.command}` → `bench/results/{s.name}.json`", "",
+                measured_on(d.get("conditions", {}))]
+        extra = settings(d.get("conditions", {}))
+        if extra:
+            out += ["", extra]
+        out += [""] + s.render(d)
+        if (results / f"{s.name}.png").exists():
+            out += ["", f"![{s.name}](../bench/results/{s.name}.png)"]
+    return "\n".join(out) + "\n"
+
+
+def headline(results: Path = RESULTS) -> str:
+    """The README's headline: the demo's latest runs, read from demo_runs.json."""
+    d = json.loads((results / "demo_runs.json").read_text())
+    runs = d["runs"]
+    att = ", ".join(f"**{pct(r['attainment']['tuned'])} vs {pct(r['attainment']['fixed'])}**" for r in runs)
+    good = ", ".join(f"**{times(r['goodput']['ratio'])}**" for r in runs)
+    return (f"The latest {len(runs)} runs in a row (`python bench/demo_runs.py --runs {len(runs)}`, "
+            f"{d['conditions'].get('time', '?')}): tuned vs fixed SLO attainment {att}; goodput {good}. Every "
+            "figure, with its conditions: [docs/results.md](docs/results.md).\n")
+
+
+def readme(text: str, results: Path = RESULTS) -> str:
+    """`text` (the README) with its headline block regenerated."""
+    if not HEADLINE.search(text):
+        raise ValueError("README.md has no <!-- results:headline --> block")
+    return HEADLINE.sub(lambda m: m.group(1) + headline(results) + m.group(3), text)
+
+
+def anchor(title: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped, spaces to hyphens."""
+    keep = "".join(ch for ch in title.lower() if ch.isalnum() or ch in " -_")
+    return keep.replace(" ", "-")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="exit 1 when docs/results.md differs from the files")
+    args = p.parse_args(argv)
+    wanted = {PAGE: page(), README: readme(README.read_text())}
+    stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
+    if args.check:
+        for p in stale:
+            print(f"{p} is not what bench/results/ says: run python bench/results_page.py", file=sys.stderr)
+        return 1 if stale else 0
+    for p in stale:
+        p.write_text(wanted[p])
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
