@@ -190,7 +190,7 @@ def test_start_up_knobs_that_keep_the_slo_make_the_busy_phase_busier():
 
 
 def test_counted_knobs_that_keep_the_slo_without_its_room_widen_the_slo_and_keep_the_load():
-    """A run on a 2-core host (2026-12-03): the counted knobs read 0.37 s against a predicted 0.23 s, inside the
+    """A case measured on a 2-core host: the counted knobs read 0.37 s against a predicted 0.23 s, inside the
     0.5-s SLO but not within 0.7 of it, while the start-up knobs read 2.07 s. Slowing the model by the whole 1.6x
     re-planned a load so light that the start-up knobs kept the SLO, and three checks ran out. The near miss now
     widens the SLO to give the measured knobs their room, the load and knobs unchanged, and checks them again."""

@@ -115,7 +115,7 @@ def test_huge_bodies_and_prompts_are_refused_without_stalling_health(server):
                                  path="/v1/chat/completions"), 400, "10000 entries")
         # a token-id prompt longer than max_model_len
         assert_openai_error(post(server, {"model": "smollm2", "prompt": [1] * 100_000}), 400, "100000 tokens")
-    print(f"worst /health answer during the attack: {watch.worst * 1000:.0f} ms")  # for the README, with -s
+    print(f"worst /health answer during the attack: {watch.worst * 1000:.0f} ms")  # printed with pytest -s
     assert watch.polled_through and not watch.failures and watch.worst < LIVENESS_TIMEOUT / 3, vars(watch)
     # and the server still serves
     assert post(server, {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2

@@ -327,7 +327,7 @@ def test_step_cost_moments_count_every_step_the_engine_timed(server, client):
 
 
 # promtool's linter reserves ':' for recording rules and wants `_total` only on counters. Our names are the
-# vLLM names under the `chunkpilot:` prefix (DESIGN.md's contract: dashboards written for vLLM keep working), so
+# vLLM names under the `chunkpilot:` prefix (docs/architecture.md's contract: dashboards written for vLLM keep working), so
 # exactly these two findings are expected; anything else is a real problem.
 CONTRACT_FINDINGS = (
     "metric names should not contain ':'",

@@ -159,7 +159,7 @@ class Cluster:
 
     def delete_namespace(self, name: str, timeout: float = 60, drop_finalizers: bool = False) -> bool:
         """Delete and wait until it is gone (the namespace controller empties it first). `drop_finalizers`: remove
-        the tuner's finalizer by hand, as the README tells a user to when the tuner is gone for good."""
+        the tuner's finalizer by hand, as docs/tuner.md tells a user to when the tuner is gone for good."""
         try:
             self.core.delete_namespace(name)
         except ApiException as e:

@@ -73,7 +73,7 @@ def test_tuner_reaches_the_grid_best_and_beats_a_fixed_2048_budget():
     """The issue's targets, deterministic, on seeds 0-4: >= 95 % of the grid-best goodput within 15 trials and
     >= 1.3x the goodput of vLLM's default budget of 2048, under a tight ITL SLO on the mixed workload. The seeds
     are the ones this test always used; over 30 seeds about one run in 30 still settles just outside the ITL
-    SLO at ~85 % (README, "Measuring the tuner"; `python bench/tuner_vs_grid.py --seeds 30` prints them)."""
+    SLO at ~85 % (docs/tuner-model.md, "Measuring the tuner"; `python bench/tuner_vs_grid.py --seeds 30` prints them)."""
     scenario = Scenario(rate=0.9, seed=0)
     space = SearchSpace.from_bounds((32, 2048), (32, 2048), 16, points_per_octave=2)
     grid = {k: evaluate(k, scenario, default(), SLO, seconds=300, warmup=30).goodput for k in space.all_knobs()}

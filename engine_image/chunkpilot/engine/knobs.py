@@ -1,6 +1,6 @@
 """Scheduler knobs: the two numbers the tuner moves while the engine serves.
 
-The contract (DESIGN.md): `{"token_budget": int, "max_chunk": int, "generation": int}`. The holder is read by the
+The contract (docs/architecture.md): `{"token_budget": int, "max_chunk": int, "generation": int}`. The holder is read by the
 step loop once per step and written from any thread, so a change lands exactly at a step boundary.
 """
 

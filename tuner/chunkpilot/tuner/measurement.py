@@ -66,8 +66,8 @@ def objective_value(w: Window, objective: str) -> float:
 # The tuner decides against this share of each latency threshold. A 60-s window's p99 of a bursty tail is
 # lower than the p99 over ten minutes (the bursts that make the tail fall into few windows), so knobs measured
 # just inside the SLO - 128/64 at 0.23-0.24 s against 0.25 s - breach it over a longer run (0.26 s). On the
-# simulator (six scenarios x 30 seeds, README) the margin lifted the runs within 95 % of the grid best from 147
-# to 154 of 180 (a margin of 0.95: 151). Status and alerts (SLOMet) judge the SLO itself.
+# simulator (bench/tuner_vs_grid.py, six scenarios x 30 seeds) the margin lifted the black-box runs within 95 % of
+# the grid best from 147 to 154 of 180 (a margin of 0.95: 151). Status and alerts (SLOMet) judge the SLO itself.
 LATENCY_MARGIN = 0.9
 
 # The implicit SLOs: knobs that cannot keep up with the load look fine in a short window (the queue is still

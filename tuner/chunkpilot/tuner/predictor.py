@@ -2,7 +2,7 @@
 the inter-token latency p99, the prefill capacity and its utilization, and a TTFT estimate. Pure functions, so the
 tuner can screen every candidate before trying one (chunkpilot.tuner.guide).
 
-The scheduler's semantics (DESIGN.md) make the worst decode gap easy to name: a step first gives one token to every
+The scheduler's semantics (docs/architecture.md) make the worst decode gap easy to name: a step first gives one token to every
 running decode, then spends the rest of the token budget on prompt chunks of at most `max_chunk` tokens. While
 prompts wait, a step carries the running decodes plus a full prefill share; that step's time is the gap every
 decode sees. How often such steps happen is the prefill utilization: prompt-token demand over what the knobs let
