@@ -43,6 +43,27 @@ def test_tuning_config_follows_the_spec_and_fingerprints_the_targets():
         tuning_config("ns", "x", spec, CLUSTER)
 
 
+@pytest.mark.parametrize("change", [
+    {"tuning": {"bounds": {"tokenBudget": {"min": 8, "max": 1024}}}},   # below maxNumSeqs: the engine refuses it
+    {"scheduler": {"tokenBudget": 8, "maxChunk": 8}},
+    {"tuning": {"bounds": {"tokenBudget": {"min": 64, "max": 128}, "maxChunk": {"min": 256, "max": 512}}}},
+    {"slo": {}},
+], ids=["bounds-below-seqs", "budget-below-seqs", "chunk-over-budget", "no-slo"])
+def test_the_tuner_holds_what_the_operator_refuses_with_the_same_message(change):
+    """One rule (chunkpilot.api.types.knob_refusal): the tuner used to clamp a budget bound the operator refused."""
+    from chunkpilot.api import InferenceDeployment
+    from chunkpilot.operator.builders import SpecError, validate
+
+    obj = sample("x")
+    for key, value in change.items():
+        obj["spec"][key] = {**obj["spec"].get(key, {}), **value} if value else value
+    with pytest.raises(SpecError) as refused:
+        validate(InferenceDeployment.model_validate(obj))
+    with pytest.raises(ValueError) as held:
+        tuning_config("ns", "x", obj["spec"], CLUSTER)
+    assert str(held.value) == str(refused.value)
+
+
 def test_status_actuator_writes_tuner_knobs_and_keeps_other_conditions(k):
     ns = k.ns
     k.create(sample("act", ns))

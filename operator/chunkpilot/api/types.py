@@ -217,6 +217,27 @@ class InferenceDeploymentSpec(_Model):
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus integration.")
 
 
+def knob_refusal(spec: InferenceDeploymentSpec) -> str:
+    """Why the spec's knobs, bounds and SLOs cannot be served or tuned ("" when they can): the cross-field rules the
+    schema does not express, in one place. The operator refuses such a spec (InvalidSpec) and the tuner holds it
+    (InvalidTuningSpec) with the same message; neither clamps it into something the user did not ask for."""
+    seqs = spec.engine.max_num_seqs
+    if spec.scheduler.token_budget < seqs:
+        return (f"spec.scheduler.tokenBudget ({spec.scheduler.token_budget}) must be >= spec.engine.maxNumSeqs "
+                f"({seqs}): every running sequence needs one token per step")
+    if spec.tuning.mode == "off":
+        return ""
+    bounds = spec.tuning.bounds
+    if bounds.token_budget.min < seqs:
+        return (f"spec.tuning.bounds.tokenBudget.min ({bounds.token_budget.min}) must be >= spec.engine.maxNumSeqs "
+                f"({seqs}): the engine refuses smaller budgets")
+    if bounds.max_chunk.min > bounds.token_budget.max:
+        return "spec.tuning.bounds.maxChunk.min must be <= spec.tuning.bounds.tokenBudget.max"
+    if spec.slo.ttft is None and spec.slo.itl is None:
+        return "tuning needs at least one SLO: set spec.slo.ttft or spec.slo.itl (or tuning.mode: off)"
+    return ""
+
+
 class Condition(_Model):
     type: str = Field(..., description="Ready, Progressing, Degraded, Tuning or SLOMet.")
     status: Literal["True", "False", "Unknown"] = Field(..., description="Condition status.")

@@ -7,7 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, SchedulerStatus
+from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, SchedulerStatus, knob_refusal
 from chunkpilot.engine.knobs import SchedulerKnobs
 from chunkpilot.engine.knobs_file import dumps_knobs
 from chunkpilot.operator import policy, rules
@@ -109,17 +109,8 @@ def validate(obj: InferenceDeployment, settings: OperatorSettings = OperatorSett
         if why := rules.arg_refusal(arg):
             raise SpecError(f"spec.engine.extraArgs[{i}]: {why}")
     policy.check(spec, settings.policy, settings.engine_image)
-    if spec.scheduler.token_budget < spec.engine.max_num_seqs:
-        raise SpecError(f"spec.scheduler.tokenBudget ({spec.scheduler.token_budget}) must be >= spec.engine.maxNumSeqs "
-                        f"({spec.engine.max_num_seqs}): every running sequence needs one token per step")
-    bounds = spec.tuning.bounds
-    if spec.tuning.mode != "off" and bounds.token_budget.min < spec.engine.max_num_seqs:
-        raise SpecError(f"spec.tuning.bounds.tokenBudget.min ({bounds.token_budget.min}) must be >= "
-                        f"spec.engine.maxNumSeqs ({spec.engine.max_num_seqs})")
-    if spec.tuning.mode != "off" and bounds.max_chunk.min > bounds.token_budget.max:
-        raise SpecError("spec.tuning.bounds.maxChunk.min must be <= spec.tuning.bounds.tokenBudget.max")
-    if spec.tuning.mode != "off" and (spec.slo.ttft is None and spec.slo.itl is None):
-        raise SpecError("tuning needs at least one SLO: set spec.slo.ttft or spec.slo.itl (or tuning.mode: off)")
+    if why := knob_refusal(spec):
+        raise SpecError(why)
     model_source(obj)
 
 

@@ -31,7 +31,7 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatus, Condition,
-                                  InferenceDeploymentSpec, SchedulerStatus, SLOStatus, TuningStatus)
+                                  InferenceDeploymentSpec, SchedulerStatus, SLOStatus, TuningStatus, knob_refusal)
 from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
 from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
@@ -73,15 +73,15 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
 
     def target(t):
         return LatencyTarget(t.percentile, t.threshold_seconds) if t is not None else None
+    if why := knob_refusal(s):
+        raise ValueError(why)  # the operator's rule: the tuner holds what the operator refuses
     slo = SLOTargets(ttft=target(s.slo.ttft), itl=target(s.slo.itl))
-    if slo.ttft is None and slo.itl is None:
-        raise ValueError("tuning needs spec.slo.ttft or spec.slo.itl")
     b, a = s.tuning.bounds, s.autoscaling
     fingerprint = hashlib.sha256(json.dumps({"slo": s.slo.model_dump(), "bounds": b.model_dump(),
                                              "objective": s.tuning.objective}, sort_keys=True).encode()).hexdigest()[:8]
     return TuningConfig(
         deployment=f"{namespace}/{name}@{fingerprint}", slo=slo,
-        budget_bounds=(max(b.token_budget.min, s.engine.max_num_seqs), b.token_budget.max),
+        budget_bounds=(b.token_budget.min, b.token_budget.max),
         chunk_bounds=(b.max_chunk.min, b.max_chunk.max), storage=cluster.storage, seed=cluster.seed,
         settings=TunerSettings(mode=s.tuning.mode, objective=s.tuning.objective, window=s.tuning.window_seconds,
                                warmup=s.tuning.warmup_seconds, max_trials=s.tuning.max_trials,
