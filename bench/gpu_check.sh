@@ -12,7 +12,7 @@ if [ -x "${CHUNKPILOT_VENV:-.venv}/bin/python" ]; then
     PY=${CHUNKPILOT_VENV:-.venv}/bin/python
 else
     PY=python3
-    export PYTHONPATH="$PWD/engine_image:$PWD/cli:$PWD/loadgen:$PWD/tuner:$PWD/operator:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$PWD/contract:$PWD/engine_image:$PWD/cli:$PWD/loadgen:$PWD/tuner:$PWD/operator:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 OUT=${OUT:-bench/results}
 DEVICE=${GPU_CHECK_DEVICE:-cuda}

@@ -14,7 +14,7 @@ import numpy as np
 from chunkpilot.demo import probe as probes
 from chunkpilot.demo import sizing
 from chunkpilot.demo.run import KNOB_BOUNDS, MAX_NUM_SEQS, DemoConfig
-from chunkpilot.engine import step_cost
+from chunkpilot.contract import step_cost
 from chunkpilot.loadgen.workloads import build_workload
 from chunkpilot.tuner.predictor import predict
 from chunkpilot.tuner.sim.costmodel import CostModel

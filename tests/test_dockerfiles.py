@@ -33,3 +33,57 @@ def test_engine_image_runs_as_non_root_with_the_serve_entrypoint():
     text = (ROOT / "engine_image" / "Dockerfile").read_text()
     assert "USER 10001" in text
     assert 'ENTRYPOINT ["chunkpilot", "engine", "serve"]' in text
+
+
+def _built_from(dockerfile: Path, tmp: Path) -> Path:
+    """The wheel `pip install .` builds inside the image: only the COPY'd paths, as the Dockerfile copies them."""
+    src = tmp / "src"
+    src.mkdir()
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            *paths, _ = line.split()[1:]
+            for p in paths:
+                (shutil.copytree if (ROOT / p).is_dir() else shutil.copy)(ROOT / p, src / p.rstrip("/"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp / "wheel"), str(src)], check=True, capture_output=True)
+    return next((tmp / "wheel").glob("chunkpilot-*.whl"))
+
+
+@pytest.mark.parametrize("part,command", [("operator", "operator run"), ("tuner", "tuner run")])
+def test_operator_and_tuner_images_carry_no_engine_and_start_without_torch(part, command, tmp_path):
+    """What the image builds from its COPY lines holds no engine source, and its entrypoint's command loads with
+    imports of torch and chunkpilot.engine refused (neither is in the image)."""
+    import zipfile
+
+    wheel = _built_from(ROOT / part / "Dockerfile", tmp_path)
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith("chunkpilot/engine/")]
+    assert "chunkpilot/contract/knobs.py" in names and f"chunkpilot/{part}/" in {n[:len(part) + 12] for n in names}
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = f"""
+import importlib.abc, sys
+sys.path[:] = [p for p in sys.path if "{ROOT}" not in p and p != ""]
+sys.path.insert(0, "{site}")
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in ("torch", "chunkpilot.engine") or name.startswith(("torch.", "chunkpilot.engine.")):
+            raise ImportError(name + " is not in this image")
+sys.meta_path.insert(0, Refuse())
+from typer.testing import CliRunner
+from chunkpilot.cli.main import app
+import chunkpilot.{ "operator.handlers" if part == "operator" else "tuner.daemon, chunkpilot.tuner.local" }
+result = CliRunner().invoke(app, {command.split()!r} + ["--help"])
+assert result.exit_code == 0, result.output
+assert chunkpilot.cli.main.__file__.startswith("{site}")
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+def test_the_engine_image_carries_the_engine_and_its_contracts(tmp_path):
+    import zipfile
+
+    names = zipfile.ZipFile(_built_from(ROOT / "engine_image" / "Dockerfile", tmp_path)).namelist()
+    assert "chunkpilot/engine/llm_engine.py" in names and "chunkpilot/contract/metric_names.py" in names

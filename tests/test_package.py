@@ -30,6 +30,7 @@ def wheel(tmp_path_factory):
 def test_wheel_holds_every_part_and_no_namespace_init(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "chunkpilot/engine/llm_engine.py" in names
+    assert "chunkpilot/contract/knobs.py" in names and "chunkpilot/contract/metric_names.py" in names
     assert "chunkpilot/cli/main.py" in names
     assert "chunkpilot/loadgen/runner.py" in names
     assert "chunkpilot/api/types.py" in names and "chunkpilot/operator/builders.py" in names
@@ -45,7 +46,7 @@ def test_wheel_imports_without_the_source_tree(wheel, tmp_path):
         "import chunkpilot.engine, chunkpilot.cli.main, chunkpilot.loadgen, chunkpilot.api, chunkpilot.kube.client, chunkpilot.operator.handlers, chunkpilot.tuner.daemon;"
         "assert chunkpilot.engine.__file__.startswith(%r), chunkpilot.engine.__file__;"
         "from chunkpilot.engine import LLM, SamplingParams; print('ok')"
-    ) % ([str(ROOT / d) for d in ("engine_image", "cli", "loadgen", "operator", "tuner")] + ["", str(ROOT)], str(tmp_path),
+    ) % ([str(ROOT / d) for d in ("contract", "engine_image", "cli", "loadgen", "operator", "tuner")] + ["", str(ROOT)], str(tmp_path),
          str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -123,3 +124,25 @@ def test_operator_and_tuner_are_siblings_on_one_ground_floor():
     assert not within(operator, "chunkpilot.tuner"), within(operator, "chunkpilot.tuner")
     assert not within(floor, "chunkpilot.operator") | within(floor, "chunkpilot.tuner")
     assert within(tuner, "chunkpilot.kube") and within(operator, "chunkpilot.kube")
+
+
+def test_operator_tuner_and_their_contracts_import_without_the_engine_or_torch():
+    """Their images need neither: what they share with the engine is chunkpilot.contract (the knobs and their
+    file, metric names, step-cost features). A process whose imports of chunkpilot.engine and torch fail must
+    still load the operator, the tuner's cluster and local modes, and the demo's measuring parts."""
+    code = """
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in ("torch", "chunkpilot.engine") or name.startswith(("torch.", "chunkpilot.engine.")):
+            raise ImportError(f"{name} is not in this image")
+sys.meta_path.insert(0, Refuse())
+import chunkpilot.contract.knobs, chunkpilot.contract.metric_names, chunkpilot.contract.step_cost
+import chunkpilot.api.crd, chunkpilot.kube.client, chunkpilot.operator.handlers, chunkpilot.operator.reconciler
+import chunkpilot.tuner.daemon, chunkpilot.tuner.local, chunkpilot.tuner.loop, chunkpilot.tuner.guide
+import chunkpilot.tuner.prometheus, chunkpilot.tuner.step_model, chunkpilot.tuner.predictor
+assert not [m for m in sys.modules if m == "torch" or m.startswith("chunkpilot.engine")]
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr

@@ -8,7 +8,7 @@ import torch
 
 from chunkpilot.engine import EngineConfig
 from chunkpilot.engine.activation_memory import activation_bytes_per_token, cuda_headroom, max_token_budget
-from chunkpilot.engine.knobs import SchedulerKnobs
+from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.engine.llm_engine import LLMEngine
 from chunkpilot.engine.model_config import ModelConfig
 

@@ -14,8 +14,8 @@ import pytest
 
 from chunkpilot.engine import LLM, SamplingParams
 from chunkpilot.engine import metrics as names
-from chunkpilot.engine.knobs import SchedulerKnobs
-from chunkpilot.engine.knobs_file import write_knobs
+from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.knobs import write_knobs
 
 from ..conftest import require_tool
 from .server_proc import EngineServer, wait_for
@@ -306,8 +306,8 @@ def test_prefill_counters_count_prompt_tokens_only(server, client):
 
 
 def test_step_cost_moments_count_every_step_the_engine_timed(server, client):
-    """The step-time model's sums (chunkpilot.engine.step_cost) agree with the engine's other counters."""
-    from chunkpilot.engine.step_cost import TERMS
+    """The step-time model's sums (chunkpilot.contract.step_cost) agree with the engine's other counters."""
+    from chunkpilot.contract.step_cost import TERMS
 
     def term(m, t):
         return m[f"{names.STEP_COST_MOMENTS}{sorted({'term': t}.items())}"]

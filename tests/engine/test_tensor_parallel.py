@@ -265,8 +265,8 @@ def _serve(tiny, tmp_path, *args):
 
 
 def test_server_under_two_ranks_serves_retunes_exports_ranks_and_stops_cleanly(tiny, tmp_path):
-    from chunkpilot.engine.knobs import SchedulerKnobs
-    from chunkpilot.engine.knobs_file import write_knobs
+    from chunkpilot.contract.knobs import SchedulerKnobs
+    from chunkpilot.contract.knobs import write_knobs
 
     knobs = tmp_path / "knobs.json"
     write_knobs(knobs, SchedulerKnobs(16, 16, 1))

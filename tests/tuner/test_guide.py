@@ -230,7 +230,7 @@ def test_no_feasible_knobs_says_so_with_the_replicas_needed_and_applies_the_clos
 
 def _model_with_kv_spread(kv_se: float) -> StepModel:
     """A CPU-shaped fit whose terms are pinned down but for the KV term, which has standard error `kv_se`."""
-    from chunkpilot.engine.step_cost import FEATURES
+    from chunkpilot.contract.step_cost import FEATURES
 
     c = {"overhead": 0.03, "prefill_tokens": 0.0008, "decode_seqs": 0.004, "kv_kilotokens": 0.0004,
          "tokens_over_512": 0.0, "tokens_over_2048": 0.0}

@@ -1,4 +1,4 @@
-"""The step-time model: fitted from the sums of products the engines export (chunkpilot.engine.step_cost), on
+"""The step-time model: fitted from the sums of products the engines export (chunkpilot.contract.step_cost), on
 synthetic step logs with known costs of both shapes (CPU: linear in prompt tokens from the first; GPU: flat until
 the step turns compute-bound, then linear), with noise."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chunkpilot.engine.step_cost import FEATURES, StepMoments, step_features
+from chunkpilot.contract.step_cost import FEATURES, StepMoments, step_features
 from chunkpilot.tuner.step_model import StepModel, fit_moments
 
 

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from chunkpilot.engine.knobs import SchedulerKnobs
-from chunkpilot.engine.knobs_file import parse_knobs, write_knobs
+from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.knobs import parse_knobs, write_knobs
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark
 from chunkpilot.loadgen.workloads import Phase, Shape, build_workload
 from chunkpilot.tuner.config import TuningConfig
@@ -55,8 +55,8 @@ def check_step_model(source, servers) -> None:
     machine makes in 30 s, single coefficients are not stable enough to compare."""
     import time
 
-    from chunkpilot.engine import metrics as m
-    from chunkpilot.engine.step_cost import TERMS
+    from chunkpilot.contract import metric_names as m
+    from chunkpilot.contract.step_cost import TERMS
     from chunkpilot.tuner.prometheus import step_moments_query
 
     def own() -> dict[str, float]:

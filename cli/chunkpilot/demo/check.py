@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from chunkpilot.engine import metrics as m
-from chunkpilot.engine.step_cost import FEATURES, moments_matrix
+from chunkpilot.contract import metric_names as m
+from chunkpilot.contract.step_cost import FEATURES, moments_matrix
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
 from chunkpilot.loadgen.workloads import build_workload
 from chunkpilot.tuner.prometheus import PrometheusSource, step_moments_query

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from chunkpilot.demo.run import GROUPS, DemoRun, summary
-from chunkpilot.engine import metrics as m
+from chunkpilot.contract import metric_names as m
 
 
 def _range(prom_url: str, query: str, start: float, end: float, step: float = 5.0) -> list[tuple[float, float]]:

@@ -7,7 +7,7 @@ import math
 from rich.table import Table
 
 from chunkpilot.demo.run import GROUPS, DemoRun
-from chunkpilot.engine import metrics as m
+from chunkpilot.contract import metric_names as m
 from chunkpilot.tuner.loop import MeasurementUnavailable
 from chunkpilot.tuner.prometheus import PrometheusSource, quantile_query
 

@@ -1,41 +1,14 @@
 """Scheduler knobs: the two numbers the tuner moves while the engine serves.
 
-The contract (docs/architecture.md): `{"token_budget": int, "max_chunk": int, "generation": int}`. The holder is read by the
+The knobs themselves are the contract's (chunkpilot.contract.knobs). The holder is read by the
 step loop once per step and written from any thread, so a change lands exactly at a step boundary.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class SchedulerKnobs:
-    token_budget: int
-    max_chunk: int
-    generation: int = 0
-
-    def validated(self, *, min_token_budget: int = 1, max_token_budget: int | None = None) -> "SchedulerKnobs":
-        """Return self if the knobs are usable, else raise ValueError saying which field to change."""
-        for name in ("token_budget", "max_chunk", "generation"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-        if self.token_budget < min_token_budget:
-            raise ValueError(
-                f"token_budget must be >= {min_token_budget} (every running sequence needs one decode token "
-                f"per step), got {self.token_budget}"
-            )
-        if max_token_budget is not None and self.token_budget > max_token_budget:
-            raise ValueError(f"token_budget must be <= {max_token_budget}, got {self.token_budget}")
-        if not 1 <= self.max_chunk <= self.token_budget:
-            raise ValueError(
-                f"max_chunk must be in [1, token_budget={self.token_budget}], got {self.max_chunk}"
-            )
-        if self.generation < 0:
-            raise ValueError(f"generation must be >= 0, got {self.generation}")
-        return self
+from chunkpilot.contract.knobs import SchedulerKnobs
 
 
 class KnobHolder:

@@ -1,5 +1,5 @@
-"""The knobs file: its one reader and writer (the engine watches it; the operator's ConfigMap and the local tuner
-write it with `dumps_knobs`), and the watcher that applies valid changes at the next step boundary.
+"""The watcher that applies a valid knobs file at the next step boundary (the file's reader and writer are the
+contract's, chunkpilot.contract.knobs, re-exported here for the engine).
 
 In a pod the file is a ConfigMap volume: the kubelet writes a new timestamped folder and swaps the `..data`
 symlink, so the path's inode and mtime may not change the way an editor's save does, and inotify on the file
@@ -10,47 +10,15 @@ minute) dwarfs a 0.2 s poll.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.contract.knobs import SchedulerKnobs, dumps_knobs, parse_knobs, write_knobs  # noqa: F401
+from chunkpilot.engine.knobs import KnobHolder
 
 log = logging.getLogger(__name__)
-
-FIELDS = ("token_budget", "max_chunk", "generation")
-
-
-def parse_knobs(data: bytes | str) -> SchedulerKnobs:
-    """The knobs-file contract: `{"token_budget": int, "max_chunk": int, "generation": int}`, nothing else."""
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"knobs file is not valid JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"knobs file must hold a JSON object with {', '.join(FIELDS)}")
-    missing = [f for f in FIELDS if f not in obj]
-    unknown = sorted(set(obj) - set(FIELDS))
-    if missing:
-        raise ValueError(f"knobs file lacks {', '.join(missing)}")
-    if unknown:
-        raise ValueError(f"knobs file has unknown keys {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
-    return SchedulerKnobs(obj["token_budget"], obj["max_chunk"], obj["generation"])
-
-
-def dumps_knobs(knobs: SchedulerKnobs) -> str:
-    """The file's content for `knobs` (keys sorted, so the same knobs always give the same bytes)."""
-    return json.dumps({f: getattr(knobs, f) for f in FIELDS}, sort_keys=True)
-
-
-def write_knobs(path: str | Path, knobs: SchedulerKnobs) -> None:
-    """Atomic write (rename), as the local tuner and tests do; readers never see half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(dumps_knobs(knobs))
-    tmp.replace(path)
 
 
 class KnobsFileWatcher:

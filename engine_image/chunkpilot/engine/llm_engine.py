@@ -26,7 +26,7 @@ from chunkpilot.engine.outputs import RequestOutput, TokenLogprob
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import FinishReason, Sequence
-from chunkpilot.engine.step_cost import step_features
+from chunkpilot.contract.step_cost import step_features
 from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from chunkpilot.engine.tp_group import KEEPALIVE, Rendezvous, TPGroup
 from chunkpilot.engine.tp_shard import check_tensor_parallel
@@ -45,7 +45,7 @@ class StepStats:
     num_prefill_tokens: int = 0
     seconds: float = 0.0
     preempted: list[str] = field(default_factory=list)
-    features: tuple[float, ...] = ()  # chunkpilot.engine.step_cost.step_features of the step
+    features: tuple[float, ...] = ()  # chunkpilot.contract.step_cost.step_features of the step
 
 
 class LLMEngine:

@@ -1,91 +1,19 @@
-"""Every metric name chunkpilot exports, in one place.
-
-Names and bucket layouts follow vLLM's (`vllm:time_to_first_token_seconds` → `chunkpilot:time_to_first_token_seconds`)
-so dashboards written for vLLM work after a prefix change. The tuner, the Grafana dashboard and the alert rules
-import the names from here (or from files generated from here); nothing else spells them.
-"""
+"""The engine's Prometheus collectors. Their names and bucket layouts are the contract's
+(chunkpilot.contract.metric_names), re-exported here."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily
 
-from chunkpilot.engine.step_cost import StepMoments
+# the names, re-exported: the engine's code and tests read them here, everyone else from the contract
+from chunkpilot.contract.metric_names import *  # noqa: F401,F403
+from chunkpilot.contract.metric_names import (ITERATION_TOKEN_BUCKETS, ITL_BUCKETS, MODEL_LABEL,
+                                              REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, one_two_five_buckets)
+from chunkpilot.contract.step_cost import StepMoments
 
 # `*_created` series double the exposition and no dashboard or rule here uses them (vLLM drops them too).
 disable_created_metrics()
-
-PREFIX = "chunkpilot:"
-
-# ---- names (as they appear in the exposition; counters carry their _total suffix) ----------------------
-TTFT = PREFIX + "time_to_first_token_seconds"
-ITL = PREFIX + "inter_token_latency_seconds"
-TPOT = PREFIX + "request_time_per_output_token_seconds"
-E2E = PREFIX + "e2e_request_latency_seconds"
-QUEUE_TIME = PREFIX + "request_queue_time_seconds"
-PREFILL_TIME = PREFIX + "request_prefill_time_seconds"
-DECODE_TIME = PREFIX + "request_decode_time_seconds"
-REQUEST_PROMPT_TOKENS = PREFIX + "request_prompt_tokens"
-REQUEST_GENERATION_TOKENS = PREFIX + "request_generation_tokens"
-ITERATION_TOKENS = PREFIX + "iteration_tokens_total"
-NUM_RUNNING = PREFIX + "num_requests_running"
-NUM_WAITING = PREFIX + "num_requests_waiting"
-KV_CACHE_USAGE = PREFIX + "kv_cache_usage_perc"
-PROMPT_TOKENS = PREFIX + "prompt_tokens_total"
-GENERATION_TOKENS = PREFIX + "generation_tokens_total"
-PREEMPTIONS = PREFIX + "num_preemptions_total"
-PREFIX_CACHE_QUERIES = PREFIX + "prefix_cache_queries_total"
-PREFIX_CACHE_HITS = PREFIX + "prefix_cache_hits_total"
-REQUEST_SUCCESS = PREFIX + "request_success_total"
-REQUESTS_REJECTED = PREFIX + "requests_rejected_total"
-PREFILL_BUSY_SECONDS = PREFIX + "prefill_busy_seconds_total"
-PREFILL_COMPUTED_TOKENS = PREFIX + "prefill_computed_tokens_total"
-SCHEDULER_TOKEN_BUDGET = PREFIX + "scheduler_token_budget"
-SCHEDULER_MAX_CHUNK = PREFIX + "scheduler_max_chunk"
-SCHEDULER_GENERATION = PREFIX + "scheduler_generation"
-SCHEDULER_KNOB_ERRORS = PREFIX + "scheduler_knob_errors_total"
-# Sums of products of each step's cost features and its seconds (chunkpilot.engine.step_cost), label `term`.
-STEP_COST_MOMENTS = PREFIX + "step_cost_moments_total"
-STEP_COST_TERM_LABEL = "term"
-# Tensor parallelism: the ranks of one engine, and what each holds (label `rank`).
-TENSOR_PARALLEL_SIZE = PREFIX + "tensor_parallel_size"
-RANK_WEIGHT_BYTES = PREFIX + "rank_weight_bytes"
-RANK_KV_CACHE_BYTES = PREFIX + "rank_kv_cache_bytes"
-RANK_LABEL = "rank"
-
-MODEL_LABEL = "model_name"
-
-ALL_NAMES = (
-    TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS,
-    ITERATION_TOKENS, NUM_RUNNING, NUM_WAITING, KV_CACHE_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS,
-    PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS, REQUESTS_REJECTED, PREFILL_BUSY_SECONDS,
-    PREFILL_COMPUTED_TOKENS, SCHEDULER_TOKEN_BUDGET,
-    SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS, STEP_COST_MOMENTS, TENSOR_PARALLEL_SIZE,
-    RANK_WEIGHT_BYTES, RANK_KV_CACHE_BYTES,
-)
-HISTOGRAMS = (TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS,
-              REQUEST_GENERATION_TOKENS, ITERATION_TOKENS)
-
-# ---- vLLM's bucket layouts -----------------------------------------------------------------------------
-TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0]
-ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-               80.0]
-REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                           240.0, 480.0, 960.0, 1920.0, 7680.0]
-ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-
-
-def one_two_five_buckets(limit: int) -> list[int]:
-    """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count histograms)."""
-    out, exp = [], 0
-    while True:
-        for m in (1, 2, 5):
-            v = m * 10**exp
-            if v > limit:
-                return out
-            out.append(v)
-        exp += 1
 
 
 def _base(name: str) -> str:

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass
 
 from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, SchedulerStatus, knob_refusal
-from chunkpilot.engine.knobs import SchedulerKnobs
-from chunkpilot.engine.knobs_file import dumps_knobs
+from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.knobs import dumps_knobs
 from chunkpilot.operator import policy, rules
 from chunkpilot.operator.policy import Policy
 

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from chunkpilot.api.types import InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus
 from chunkpilot.operator import builders
-from chunkpilot.engine.knobs_file import parse_knobs
+from chunkpilot.contract.knobs import parse_knobs
 from chunkpilot.kube.client import Kube
 from chunkpilot.kube.conditions import condition, now_rfc3339
 from chunkpilot.operator.apply import describe, plan, with_hash

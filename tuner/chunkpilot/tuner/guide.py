@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chunkpilot.engine.step_cost import FEATURES
+from chunkpilot.contract.step_cost import FEATURES
 from chunkpilot.tuner.measurement import LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, SLOTargets
 from chunkpilot.tuner.predictor import Load, Prediction, full_step_features, predict
 from chunkpilot.tuner.space import Knobs

@@ -9,8 +9,8 @@ import logging
 import threading
 from pathlib import Path
 
-from chunkpilot.engine.knobs import SchedulerKnobs
-from chunkpilot.engine.knobs_file import parse_knobs, write_knobs
+from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.knobs import parse_knobs, write_knobs
 from chunkpilot.tuner.config import TuningConfig, build_loop
 from chunkpilot.tuner.loop import TunerLoop
 from chunkpilot.tuner.metrics import TunerMetrics

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chunkpilot.engine.step_cost import features_of, kv_kilotokens
+from chunkpilot.contract.step_cost import features_of, kv_kilotokens
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.step_model import StepModel, UpperBound
 

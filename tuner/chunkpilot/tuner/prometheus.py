@@ -12,7 +12,7 @@ import requests
 from urllib3.util.retry import Retry
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 
-from chunkpilot.engine import metrics as m
+from chunkpilot.contract import metric_names as m
 from chunkpilot.tuner.loop import MeasurementUnavailable
 from chunkpilot.tuner.measurement import SLOTargets, Window
 from chunkpilot.tuner.guide import Context

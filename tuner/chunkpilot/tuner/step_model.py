@@ -1,5 +1,5 @@
 """The step-time model the tuner learns from the engines while they serve: step seconds as a non-negative linear
-function of the step's cost features (chunkpilot.engine.step_cost), fitted by least squares from the sums of
+function of the step's cost features (chunkpilot.contract.step_cost), fitted by least squares from the sums of
 products the engines export, over one Prometheus window and all pods at once.
 
 The fit is *identified*, not just solved: each coefficient comes with its standard error (the least-squares
@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from chunkpilot.engine.step_cost import FEATURES, features_of, kv_kilotokens, moments_matrix, step_features
+from chunkpilot.contract.step_cost import FEATURES, features_of, kv_kilotokens, moments_matrix, step_features
 
 MIN_STEPS = 20  # fewer steps than this say nothing about six coefficients
 Z95 = 1.96  # a two-sided 95 % normal interval, in standard errors

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from chunkpilot.engine import step_cost
+from chunkpilot.contract import step_cost
 
 FEATURES = ("overhead", "prefill_tokens", "decode_seqs", "kv_reads")
 
@@ -49,7 +49,7 @@ class CostModel:
         return self.step_time(step_features(chunks))
 
     def as_step_model(self):
-        """The same cost in the engines' step-cost features (chunkpilot.engine.step_cost), for the predictor."""
+        """The same cost in the engines' step-cost features (chunkpilot.contract.step_cost), for the predictor."""
         from chunkpilot.tuner.step_model import StepModel
 
         return StepModel(coefficients={"overhead": self.overhead, "prefill_tokens": self.prefill_tokens,

@@ -17,7 +17,7 @@ KNOB_CYCLE = [(32, 32), (64, 32), (128, 64), (256, 128), (512, 256), (1024, 512)
 def measure_engine(model: str, *, seconds: float = 60.0, seed: int = 0, threads: int | None = None,
                    max_prompt: int = 1536, concurrency: int = 12, progress: bool = True):
     from chunkpilot.engine.config import EngineConfig
-    from chunkpilot.engine.knobs import SchedulerKnobs
+    from chunkpilot.contract.knobs import SchedulerKnobs
     from chunkpilot.engine.llm_engine import LLMEngine
     from chunkpilot.engine.sampling_params import SamplingParams
 

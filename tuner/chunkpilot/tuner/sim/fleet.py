@@ -16,7 +16,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from chunkpilot.engine.knobs import SchedulerKnobs
+from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.loadgen.stats import RequestRecord
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.guide import Context

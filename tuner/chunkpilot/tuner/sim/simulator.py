@@ -11,7 +11,7 @@ from collections import deque
 
 import numpy as np
 
-from chunkpilot.engine import step_cost
+from chunkpilot.contract import step_cost
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.sampling_params import SamplingParams

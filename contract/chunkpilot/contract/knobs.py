@@ -1,0 +1,71 @@
+"""The scheduler knobs and the knobs file, the contract between whoever chooses the knobs (the operator's ConfigMap,
+the local tuner, the demo) and the engine that applies them: `{"token_budget": int, "max_chunk": int,
+"generation": int}`, its one validation, its one reader and its one writer. Torch-free: operator and tuner images
+carry this package, not the engine."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SchedulerKnobs:
+    token_budget: int
+    max_chunk: int
+    generation: int = 0
+
+    def validated(self, *, min_token_budget: int = 1, max_token_budget: int | None = None) -> "SchedulerKnobs":
+        """Return self if the knobs are usable, else raise ValueError saying which field to change."""
+        for name in ("token_budget", "max_chunk", "generation"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.token_budget < min_token_budget:
+            raise ValueError(
+                f"token_budget must be >= {min_token_budget} (every running sequence needs one decode token "
+                f"per step), got {self.token_budget}"
+            )
+        if max_token_budget is not None and self.token_budget > max_token_budget:
+            raise ValueError(f"token_budget must be <= {max_token_budget}, got {self.token_budget}")
+        if not 1 <= self.max_chunk <= self.token_budget:
+            raise ValueError(
+                f"max_chunk must be in [1, token_budget={self.token_budget}], got {self.max_chunk}"
+            )
+        if self.generation < 0:
+            raise ValueError(f"generation must be >= 0, got {self.generation}")
+        return self
+
+
+FIELDS = ("token_budget", "max_chunk", "generation")
+
+
+def parse_knobs(data: bytes | str) -> SchedulerKnobs:
+    """The knobs-file contract: `{"token_budget": int, "max_chunk": int, "generation": int}`, nothing else."""
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"knobs file is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"knobs file must hold a JSON object with {', '.join(FIELDS)}")
+    missing = [f for f in FIELDS if f not in obj]
+    unknown = sorted(set(obj) - set(FIELDS))
+    if missing:
+        raise ValueError(f"knobs file lacks {', '.join(missing)}")
+    if unknown:
+        raise ValueError(f"knobs file has unknown keys {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
+    return SchedulerKnobs(obj["token_budget"], obj["max_chunk"], obj["generation"])
+
+
+def dumps_knobs(knobs: SchedulerKnobs) -> str:
+    """The file's content for `knobs` (keys sorted, so the same knobs always give the same bytes)."""
+    return json.dumps({f: getattr(knobs, f) for f in FIELDS}, sort_keys=True)
+
+
+def write_knobs(path: str | Path, knobs: SchedulerKnobs) -> None:
+    """Atomic write (rename), as the local tuner and tests do; readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(dumps_knobs(knobs))
+    tmp.replace(path)
