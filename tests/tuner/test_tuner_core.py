@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chunkpilot.tuner.loop import MeasurementUnavailable, TunerLoop, TunerSettings
+from chunkpilot.tuner.interfaces import MeasurementUnavailable
+from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import (LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, LatencyTarget, SLOTargets,
                                           Window, constraints, feasible, load_shift, objective_value, slo_met,
                                           wide_breach)

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from chunkpilot.demo.run import GROUPS, DemoRun
 from chunkpilot.contract import metric_names as m
-from chunkpilot.tuner.loop import MeasurementUnavailable
+from chunkpilot.tuner.interfaces import MeasurementUnavailable
 from chunkpilot.tuner.prometheus import PrometheusSource, quantile_query
 
 

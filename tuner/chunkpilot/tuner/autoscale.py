@@ -12,16 +12,26 @@ ask for after HPA-style stabilization and a scale-down hysteresis.
   tuner never asks for more pods than a count it evaluated as fitting, or one more after a measured breach.
 * Stabilization has the HPA's semantics (behavior.scaleUp/scaleDown.stabilizationWindowSeconds): scale up to the
   lowest recommendation of the up window, down to the highest of the down window.
+
+ReplicaCoordinator is the stateful part the tuning loop holds: it reads and writes the replicas through a Scaler,
+tells the loop when the pods settled enough for a trial, and turns a decision into a scale write.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+from chunkpilot.api.types import autoscaling_refusal
+from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner import guide
+from chunkpilot.tuner.interfaces import Scaler
 from chunkpilot.tuner.measurement import SLOTargets
 from chunkpilot.tuner.predictor import Load
 from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.state import ScalingState
+
+log = logging.getLogger(__name__)
 
 MODES = ("off", "recommend", "auto")
 DOWN_HYSTERESIS = 0.8  # scale down only when fewer pods stay within this share of the target utilization
@@ -143,3 +153,136 @@ class Autoscaler:
             reason += (f"; held at {desired} by the {'scale-down' if recommendation < current else 'scale-up'} "
                        f"stabilization window")
         return Decision(desired=desired, needed=needed, recommendation=recommendation, reason=reason)
+
+
+class ReplicaCoordinator:
+    """The tuning loop's replicas: guards the bounds and refusals, says when the pods have settled for a trial
+    (count unchanged, every pod ready, a window of warm-up after a change), and decides and writes the replicas
+    after a measured window. `scaling` is the loop's ScalingState, updated in place (it is what status shows)."""
+
+    def __init__(self, scaler: Scaler, policy: ScalingPolicy, scaling: ScalingState, readiness_timeout: float,
+                 clock, history: list[tuple[float, int]] | None = None) -> None:
+        self.scaler, self.scaling, self.readiness_timeout, self._clock = scaler, scaling, readiness_timeout, clock
+        self.autoscaler = Autoscaler(policy, history)
+        self._seen: int | None = None
+        self._serving: int | None = None  # pods a trial's window is measured on: spec, or the ready ones (below)
+        self._unready_since: float | None = None
+        self.warm = True  # False from a replica change until a window has passed with every pod ready
+
+    @property
+    def policy(self) -> ScalingPolicy:
+        return self.autoscaler.policy
+
+    @property
+    def waiting_for_pods(self) -> bool:
+        return self._unready_since is not None
+
+    def guard(self, tuning_mode: str) -> None:
+        """Auto mode, every iteration: refused while another autoscaler targets the resource; otherwise
+        spec.replicas is kept within [minReplicas, maxReplicas] (as an HPA does; 0 means scaled to zero by hand,
+        which pauses autoscaling, as it does an HPA's)."""
+        sc = self.scaling
+        sc.refused, sc.refused_reason = "", "ConflictingAutoscaler"
+        if sc.mode == "auto" and tuning_mode == "advisory":
+            # one rule with the CRD's CEL (api.types.autoscaling_refusal): advisory tuning changes nothing, so it
+            # does not scale either; it recommends
+            sc.refused, sc.refused_reason = autoscaling_refusal(tuning_mode, sc.mode), "AdvisoryTuning"
+        elif sc.mode == "auto":
+            sc.refused = self.scaler.refused()
+        if sc.mode != "auto" or sc.refused:
+            return
+        r = self.scaler.replicas()
+        bounded = self.policy.clamp(r.spec)
+        if r.spec > 0 and bounded != r.spec:
+            if not self.scaler.scale(bounded, r.version):
+                return  # someone changed the replicas since the read: judged again next iteration
+            sc.desired, sc.last_scale = bounded, now_rfc3339()
+            sc.reason = (f"spec.replicas {r.spec} is outside [{self.policy.min_replicas}, "
+                         f"{self.policy.max_replicas}]: scaled to {bounded}")
+            log.info("%s", sc.reason)
+
+    def settled(self) -> bool:
+        """True when the replica count has not changed since the last look, every pod is ready, and a window has
+        passed since the last change (the window after a scale event is a warm-up: new pods start cold, and the
+        load per pod moved)."""
+        r = self.scaler.replicas()
+        sc = self.scaling
+        sc.replicas, sc.ready = r.spec, r.ready
+        changed = self._seen is not None and r.spec != self._seen
+        self._seen = r.spec
+        if r.ready >= r.spec:
+            self._unready_since = None
+        elif self._unready_since is None or changed:
+            self._unready_since = self._clock()
+        sc.not_ready_long = self._unready_since is not None and \
+            self._clock() - self._unready_since >= self.readiness_timeout
+        if changed:
+            self.warm, self._serving = False, r.spec
+            return False
+        if r.ready < r.spec:
+            if r.ready == 0 or self._clock() - self._unready_since < self.readiness_timeout:
+                self.warm = False
+                return False
+            if self._serving != r.ready:  # past the deadline: the ready pods are the deployment, from a warm-up on
+                self._serving, self.warm = r.ready, False
+                return False
+            return self.warm
+        if self._serving is not None and self._serving < r.spec:  # the others became ready: warm up on all
+            self._serving, self.warm = r.spec, False
+            return False
+        self._serving = r.spec
+        return self.warm
+
+    def settling(self) -> str:
+        """Why no trial runs now; the window the loop then waits counts as the warm-up where one is due."""
+        sc = self.scaling
+        if self._serving is not None and sc.ready == self._serving and sc.ready < sc.replicas:
+            self.warm = True
+            return (f"{sc.ready} of {sc.replicas} replicas ready for over {self.readiness_timeout:.0f} s: tuning on "
+                    f"the ready pods, after one window of warm-up")
+        if sc.ready is not None and sc.replicas is not None and sc.ready < sc.replicas:
+            return (f"{sc.ready} of {sc.replicas} replicas ready: no trial until every pod serves (or "
+                    f"{self.readiness_timeout:.0f} s pass: then on the ready pods)")
+        self.warm = True  # the window the loop waits next is that warm-up
+        return f"replicas changed to {sc.replicas}: one window of warm-up before the next trial"
+
+    def moved(self) -> bool:
+        """During a trial: did the replicas change or a pod stop being ready? Then the window says nothing about
+        the knobs (and the next one is a warm-up)."""
+        r = self.scaler.replicas()
+        moved = r.spec != self._seen or r.ready < (self._serving if self._serving is not None else r.spec)
+        if moved:
+            self.warm = False
+        return moved
+
+    def apply(self, context: guide.Context, knobs: Knobs, slo: SLOTargets, observations: list[guide.Observation],
+              *, breached: bool, exploring: bool, settling: bool = False) -> None:
+        """After a measured window: the replicas the load needs at `knobs` (the loop's pick: the best knobs, or
+        while exploring those that need the fewest pods), stabilized; scaling down waits for the best knobs
+        (not while exploring), more pods wait while some are not ready (until the readiness timeout). In auto
+        mode the count is written, unless refused (then it is only recommended)."""
+        sc = self.scaling
+        decision = self.autoscaler.decide(context, knobs, slo, sc.replicas, self._clock(), observations,
+                                          breached=breached)
+        desired, why = decision.desired, decision.reason
+        if exploring and desired < sc.replicas:
+            desired, why = sc.replicas, f"{why}; scaling down waits for the best knobs (exploring)"
+        unready_for = self._clock() - self._unready_since if self._unready_since is not None else 0.0
+        if settling and desired > sc.replicas and unready_for < self.readiness_timeout:
+            desired, why = sc.replicas, (f"{why}; more pods wait while {sc.replicas - (sc.ready or 0)} are not ready "
+                                         f"(up to {self.readiness_timeout:.0f} s)")
+        sc.desired, sc.needed, sc.reason, sc.helps = desired, decision.needed, why, decision.helps
+        if sc.mode == "auto" and not sc.refused and desired != sc.replicas:
+            # decided on the count read before the window: read it again and write against that version, so a
+            # person's `kubectl scale` (to 0 in an incident) during the window is never overwritten
+            r = self.scaler.replicas()
+            if r.spec != sc.replicas:
+                sc.reason = (f"{why}; not applied: spec.replicas changed to {r.spec} during the window (someone "
+                             f"else scaled), judged again from there")
+                sc.replicas, sc.desired = r.spec, r.spec
+                return
+            log.info("scaling %d -> %d replicas: %s", sc.replicas, desired, why)
+            if self.scaler.scale(desired, r.version):
+                sc.last_scale = now_rfc3339()
+            else:
+                sc.reason = f"{why}; not applied: the resource changed while writing, judged again next window"

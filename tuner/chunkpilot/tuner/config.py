@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chunkpilot.tuner.autoscale import ScalingPolicy
-from chunkpilot.tuner.loop import Actuator, Measurer, Publisher, Scaler, TunerLoop, TunerSettings
+from chunkpilot.tuner.interfaces import Actuator, Measurer, Publisher, Scaler
+from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TunerStudy

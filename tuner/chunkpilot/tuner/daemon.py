@@ -37,7 +37,8 @@ from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
 from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
 from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.config import TuningConfig, build_loop
-from chunkpilot.tuner.loop import ReplicaCount, TunerLoop, TunerSettings
+from chunkpilot.tuner.interfaces import ReplicaCount
+from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.metrics import TunerMetrics
 from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource

@@ -1,5 +1,5 @@
-"""The tuning loop for one deployment, written against three small interfaces so that the same code runs against
-Prometheus and the cluster, Prometheus and a knobs file, or the simulator's virtual clock.
+"""The tuning loop for one deployment, written against small interfaces (chunkpilot.tuner.interfaces) so that the
+same code runs against Prometheus and the cluster, Prometheus and a knobs file, or the simulator's virtual clock.
 
 One `iterate()` is one unit of work:
 * Exploring: ask Optuna → apply → wait until every pod reports the generation → skip the warm-up → measure a
@@ -11,9 +11,10 @@ One `iterate()` is one unit of work:
   beyond a threshold (rate, prompt or output length) starts a new epoch: a fresh study seeded with the incumbent.
 * Holding: measurements failed (Prometheus down, or no data); knobs stay, no trial is recorded, retry with backoff.
 * Advisory: measure whatever knobs run, recommend the best feasible seen; change nothing.
-* Scaling (with `spec.autoscaling`, chunkpilot.tuner.autoscale): while the replica count changes or not every pod
-  is ready, and for one window after a change, no trial runs; after each measured window the replicas the load
-  needs at the best knobs are recommended (and, in auto mode, set through the Scaler).
+* Scaling (with `spec.autoscaling`; chunkpilot.tuner.autoscale.ReplicaCoordinator holds the replicas' state and
+  writes): while the replica count changes or not every pod is ready, and for one window after a change, no trial
+  runs; after each measured window the replicas the load needs at the best knobs are recommended (and, in auto
+  mode, set through the Scaler).
 
 Model-guided (the default, `guidance="model"`; chunkpilot.tuner.guide): before every ask, the step-time model is
 refitted on the last three windows and every candidate is judged at 1.5x the measured load. The epoch's first
@@ -30,12 +31,11 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
-from chunkpilot.api.types import autoscaling_refusal
 from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner import autoscale, guide
-from chunkpilot.tuner.autoscale import Autoscaler, ScalingPolicy
+from chunkpilot.tuner.autoscale import ReplicaCoordinator, ScalingPolicy
+from chunkpilot.tuner.interfaces import Actuator, MeasurementUnavailable, Measurer, Publisher, Scaler
 from chunkpilot.tuner.predictor import predict
 from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
 from chunkpilot.tuner.space import Knobs, SearchSpace
@@ -43,49 +43,6 @@ from chunkpilot.tuner.state import ScalingState, TunerState
 from chunkpilot.tuner.study import TunerStudy
 
 log = logging.getLogger(__name__)
-
-
-class MeasurementUnavailable(RuntimeError):
-    """Prometheus unreachable or returned nothing for the window; the message says which."""
-
-
-class Measurer(Protocol):
-    def check(self) -> None: ...  # raises MeasurementUnavailable when no data can be had now
-    def wait(self, seconds: float) -> None: ...
-    def measure(self, seconds: float) -> Window: ...  # the window of `seconds` that ends now
-
-
-class Forecaster(Protocol):
-    """Optional on a Measurer: the step-time model fitted on the window of `seconds` that ends now and that
-    window's load per pod, or None when the window says too little. Without it the loop runs black-box."""
-    def context(self, seconds: float) -> guide.Context | None: ...
-
-
-class Actuator(Protocol):
-    def apply(self, knobs: Knobs) -> int: ...  # returns the generation that carries these knobs
-    def applied(self, generation: int) -> bool: ...  # every ready pod reports that generation
-    def current(self) -> Knobs: ...
-
-
-class Publisher(Protocol):
-    def publish(self, state: TunerState) -> None: ...
-
-
-@dataclass(frozen=True)
-class ReplicaCount:
-    spec: int  # the replicas asked for (spec.replicas)
-    ready: int  # pods ready to serve
-    version: str | None = None  # the resource's resourceVersion when read: a write against it fails if it moved
-
-
-class Scaler(Protocol):
-    """Optional: replicas as the last knob (chunkpilot.tuner.autoscale). `refused` says why the loop may only
-    recommend (e.g. an HPA also targets the resource); empty when it may scale."""
-    def replicas(self) -> ReplicaCount: ...
-    # written only if the resource is still at `version` (None: unconditionally); False when it was not written
-    # (it moved meanwhile, or is gone)
-    def scale(self, replicas: int, version: str | None = None) -> bool: ...
-    def refused(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -140,23 +97,20 @@ class TunerLoop:
         if study.closed_stale:
             self.state.reason = f"closed {study.closed_stale} trial(s) interrupted by a restart"
         # replicas as the last knob: only with a scaler and a policy that is not off
-        self.scaler = scaler if scaling is not None and scaling.mode != "off" else None
-        self.autoscaler = Autoscaler(scaling, scaling_history) if self.scaler is not None else None
         self._clock = clock or time.monotonic
-        self._seen_replicas: int | None = None
-        self._serving: int | None = None  # pods a trial's window is measured on: spec, or the ready ones (below)
-        self._unready_since: float | None = None
-        self._warm = True  # False from a replica change until a window has passed with every pod ready
-        if self.autoscaler is not None:
+        self.replicas: ReplicaCoordinator | None = None
+        if scaler is not None and scaling is not None and scaling.mode != "off":
             self.state.scaling = ScalingState(mode=scaling.mode)
+            self.replicas = ReplicaCoordinator(scaler, scaling, self.state.scaling, settings.readiness_timeout,
+                                               self._clock, scaling_history)
 
     # -- public -----------------------------------------------------------------------------------------
     def iterate(self) -> str:
         try:
-            if self.scaler is not None:
-                self._scaling_guard()  # a refusal and the bounds do not wait for measurements
+            if self.replicas is not None:
+                self.replicas.guard(self.s.mode)  # a refusal and the bounds do not wait for measurements
             self.measurer.check()  # blind is no time to move knobs: check before starting anything
-            if self.scaler is not None and not self._replicas_settled():
+            if self.replicas is not None and not self.replicas.settled():
                 outcome = self._settle()
             elif self.s.mode == "advisory":
                 outcome = self._advise()
@@ -166,9 +120,9 @@ class TunerLoop:
                 outcome = self._exploit()
             self._backoff = self.s.backoff_initial
             self.state.healthy = True
-            if self.scaler is not None and outcome in ("trial", "cut", "exploit", "reopen", "advise"):
+            if self.replicas is not None and outcome in ("trial", "cut", "exploit", "reopen", "advise"):
                 self._autoscale()
-            elif self.scaler is not None and outcome == "scaling" and self._unready_since is not None:
+            elif self.replicas is not None and outcome == "scaling" and self.replicas.waiting_for_pods:
                 # pods not ready: decide from the ready ones, as an HPA does; a scale-down (which removes unready
                 # pods first) may go on, more pods wait for the deadline
                 self._autoscale(settling=True)
@@ -233,10 +187,9 @@ class TunerLoop:
                 except TimeoutError as e:
                     self.state.reason += f"; restoring the best knobs: {e}"
             return "cut"
-        if self.scaler is not None and self._replicas_moved():
+        if self.replicas is not None and self.replicas.moved():
             self.study.fail(trial, "the replicas changed during the window")
             self.state.reason = "the replicas changed during the window: not a trial result"
-            self._warm = False
             return "scaling"
         if window.requests < self.s.min_requests:
             self.study.fail(trial, f"only {window.requests} requests in the window (< {self.s.min_requests})")
@@ -451,90 +404,17 @@ class TunerLoop:
         self._backoff = min(self._backoff * 2, self.s.backoff_max)
         return "hold"
 
-    # -- replicas -----------------------------------------------------------------------------------------
-    def _scaling_guard(self) -> None:
-        """Auto mode, every iteration: refused while another autoscaler targets the resource; otherwise
-        spec.replicas is kept within [minReplicas, maxReplicas] (as an HPA does; 0 means scaled to zero by hand,
-        which pauses autoscaling, as it does an HPA's)."""
-        sc = self.state.scaling
-        sc.refused, sc.refused_reason = "", "ConflictingAutoscaler"
-        if sc.mode == "auto" and self.s.mode == "advisory":
-            # one rule with the CRD's CEL (api.types.autoscaling_refusal): advisory tuning changes nothing, so it
-            # does not scale either; it recommends
-            sc.refused, sc.refused_reason = autoscaling_refusal(self.s.mode, sc.mode), "AdvisoryTuning"
-        elif sc.mode == "auto":
-            sc.refused = self.scaler.refused()
-        if sc.mode != "auto" or sc.refused:
-            return
-        r = self.scaler.replicas()
-        bounded = self.autoscaler.policy.clamp(r.spec)
-        if r.spec > 0 and bounded != r.spec:
-            if not self.scaler.scale(bounded, r.version):
-                return  # someone changed the replicas since the read: judged again next iteration
-            sc.desired, sc.last_scale = bounded, now_rfc3339()
-            sc.reason = (f"spec.replicas {r.spec} is outside [{self.autoscaler.policy.min_replicas}, "
-                         f"{self.autoscaler.policy.max_replicas}]: scaled to {bounded}")
-            log.info("%s", sc.reason)
-
-    def _replicas_settled(self) -> bool:
-        """True when the replica count has not changed since the last look, every pod is ready, and a window has
-        passed since the last change (the window after a scale event is a warm-up: new pods start cold, and the
-        load per pod moved)."""
-        r = self.scaler.replicas()
-        sc = self.state.scaling
-        sc.replicas, sc.ready = r.spec, r.ready
-        changed = self._seen_replicas is not None and r.spec != self._seen_replicas
-        self._seen_replicas = r.spec
-        if r.ready >= r.spec:
-            self._unready_since = None
-        elif self._unready_since is None or changed:
-            self._unready_since = self._clock()
-        sc.not_ready_long = self._unready_since is not None and \
-            self._clock() - self._unready_since >= self.s.readiness_timeout
-        if changed:
-            self._warm, self._serving = False, r.spec
-            return False
-        if r.ready < r.spec:
-            if r.ready == 0 or self._clock() - self._unready_since < self.s.readiness_timeout:
-                self._warm = False
-                return False
-            if self._serving != r.ready:  # past the deadline: the ready pods are the deployment, from a warm-up on
-                self._serving, self._warm = r.ready, False
-                return False
-            return self._warm
-        if self._serving is not None and self._serving < r.spec:  # the others became ready: warm up on all
-            self._serving, self._warm = r.spec, False
-            return False
-        self._serving = r.spec
-        return self._warm
-
+    # -- replicas (chunkpilot.tuner.autoscale.ReplicaCoordinator) --------------------------------------------
     def _settle(self) -> str:
-        sc = self.state.scaling
         self.state.phase = "Scaling"
-        if self._serving is not None and sc.ready == self._serving and sc.ready < sc.replicas:
-            self.state.reason = (f"{sc.ready} of {sc.replicas} replicas ready for over {self.s.readiness_timeout:.0f} s: "
-                                 f"tuning on the ready pods, after one window of warm-up")
-            self._warm = True
-        elif sc.ready is not None and sc.replicas is not None and sc.ready < sc.replicas:
-            self.state.reason = (f"{sc.ready} of {sc.replicas} replicas ready: no trial until every pod serves (or "
-                                 f"{self.s.readiness_timeout:.0f} s pass: then on the ready pods)")
-        else:
-            self.state.reason = f"replicas changed to {sc.replicas}: one window of warm-up before the next trial"
-            self._warm = True  # the wait below is that window
+        self.state.reason = self.replicas.settling()
         self.measurer.wait(self.s.window)
         return "scaling"
-
-    def _replicas_moved(self) -> bool:
-        """During a trial: did the replicas change or a pod stop being ready? Then the window says nothing about
-        the knobs."""
-        r = self.scaler.replicas()
-        return r.spec != self._seen_replicas or r.ready < (self._serving if self._serving is not None else r.spec)
 
     def _autoscale(self, settling: bool = False) -> None:
         """After a measured window: the replicas the load needs at the best knobs. Knobs first: while exploring,
         the knobs predicted best at the load now decide, so pods are added only when no knobs in bounds fit the
-        pods that run; scaling down waits for the best knobs measured (exploiting). In auto mode the loop
-        scales, unless refused (then it recommends)."""
+        pods that run; scaling down waits for the best knobs measured (exploiting)."""
         sc = self.state.scaling
         # the step-time model from the lookback (more steps at more knobs fit better), the load from the window
         # just measured: replicas answer the load now, and three windows of a ramp lag it by a step
@@ -544,42 +424,20 @@ class TunerLoop:
         context = guide.Context(fitted.model, now.load, now.pods)
         best = self.study.best()
         exploring = self.state.phase == "Exploring"
+        observations = self._observations()
         if exploring:  # more pods only if no knobs fit the pods that run: the knobs (of the least-pressure few)
             # that need the fewest pods at the load now
-            observations = self._observations()
             few = [c.knobs for c in guide.screen(context, self.space.all_knobs(), self.slo, observations)[:8]]
             knobs = min(few, key=lambda k: autoscale.pods_needed(context, k, self.slo,
-                                                                 self.autoscaler.policy.target_utilization,
+                                                                 self.replicas.policy.target_utilization,
                                                                  observations) or guide.REPLICAS_CAP + 1)
         else:
             knobs = best.knobs if best is not None and best.feasible else self.actuator.current()
         window = self.state.current_window  # the window just measured, at the knobs that ran
         breached = (self.state.phase == "Exploiting" and window is not None and window.requests >= self.s.min_requests
                     and not slo_met(window, self.slo))
-        decision = self.autoscaler.decide(context, knobs, self.slo, sc.replicas, self._clock(), self._observations(),
-                                          breached=breached)
-        desired, why = decision.desired, decision.reason
-        if exploring and desired < sc.replicas:
-            desired, why = sc.replicas, f"{why}; scaling down waits for the best knobs (exploring)"
-        unready_for = self._clock() - self._unready_since if self._unready_since is not None else 0.0
-        if settling and desired > sc.replicas and unready_for < self.s.readiness_timeout:
-            desired, why = sc.replicas, (f"{why}; more pods wait while {sc.replicas - (sc.ready or 0)} are not ready "
-                                         f"(up to {self.s.readiness_timeout:.0f} s)")
-        sc.desired, sc.needed, sc.reason, sc.helps = desired, decision.needed, why, decision.helps
-        if sc.mode == "auto" and not sc.refused and desired != sc.replicas:
-            # decided on the count read before the window: read it again and write against that version, so a
-            # person's `kubectl scale` (to 0 in an incident) during the window is never overwritten
-            r = self.scaler.replicas()
-            if r.spec != sc.replicas:
-                sc.reason = (f"{why}; not applied: spec.replicas changed to {r.spec} during the window (someone "
-                             f"else scaled), judged again from there")
-                sc.replicas, sc.desired = r.spec, r.spec
-                return
-            log.info("scaling %d -> %d replicas: %s", sc.replicas, desired, why)
-            if self.scaler.scale(desired, r.version):
-                sc.last_scale = now_rfc3339()
-            else:
-                sc.reason = f"{why}; not applied: the resource changed while writing, judged again next window"
+        self.replicas.apply(context, knobs, self.slo, observations, breached=breached, exploring=exploring,
+                            settling=settling)
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _apply(self, knobs: Knobs) -> None:

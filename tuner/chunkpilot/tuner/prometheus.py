@@ -13,7 +13,7 @@ from urllib3.util.retry import Retry
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 
 from chunkpilot.contract import metric_names as m
-from chunkpilot.tuner.loop import MeasurementUnavailable
+from chunkpilot.tuner.interfaces import MeasurementUnavailable
 from chunkpilot.tuner.measurement import SLOTargets, Window
 from chunkpilot.tuner.guide import Context
 from chunkpilot.tuner.predictor import Load, prompts_from_buckets

@@ -20,7 +20,7 @@ from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.loadgen.stats import RequestRecord
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.guide import Context
-from chunkpilot.tuner.loop import ReplicaCount
+from chunkpilot.tuner.interfaces import ReplicaCount
 from chunkpilot.tuner.measurement import SLOTargets, Window
 from chunkpilot.tuner.sim.costmodel import StepCost
 from chunkpilot.tuner.sim.simulator import Simulator, load_over, model_over, window_over
