@@ -16,9 +16,7 @@ from chunkpilot.contract import metric_names as m
 from chunkpilot.contract.step_cost import FEATURES, moments_matrix
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
 from chunkpilot.loadgen.workloads import build_workload
-from chunkpilot.tuner.prometheus import PrometheusSource, step_moments_query
-from chunkpilot.tuner.space import Knobs
-from chunkpilot.tuner.step_model import StepModel
+from chunkpilot.tuner import Knobs, PrometheusSource, StepModel, step_moments_query
 
 from chunkpilot.demo.sizing import COUNTED_QUANTILE, START_QUANTILE, Check
 

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
 from chunkpilot.loadgen.workloads import RequestSpec
-from chunkpilot.tuner.space import Knobs
-from chunkpilot.tuner.step_model import StepModel, reference_steps
+from chunkpilot.tuner import Knobs, StepModel, reference_steps
 
 log = logging.getLogger(__name__)
 

@@ -46,10 +46,8 @@ def hindsight(run: DemoRun) -> dict | None:
     on the trace. None when too few steps were seen."""
     from chunkpilot.demo.run import KNOB_BOUNDS, MAX_NUM_SEQS, request_slo
     from chunkpilot.loadgen.workloads import build_workload
-    from chunkpilot.tuner.prometheus import PrometheusSource
-    from chunkpilot.tuner.sim.costmodel import FittedCost
-    from chunkpilot.tuner.sim.simulator import Simulator
-    from chunkpilot.tuner.space import SearchSpace
+    from chunkpilot.tuner import PrometheusSource, SearchSpace
+    from chunkpilot.tuner.sim import FittedCost, Simulator
 
     config = run.config
     seconds = max(30.0, time.time() - run.started)
@@ -104,7 +102,7 @@ def contention(run: DemoRun) -> float | None:
     if run.sizing is None or run.sizing.model is None or run.prometheus is None or not run.started:
         return None
     from chunkpilot.demo.check import measured_over_predicted
-    from chunkpilot.tuner.prometheus import step_moments_query
+    from chunkpilot.tuner import step_moments_query
 
     quarter = run.config.duration / 4
     at = min(time.time(), run.started + 3 * quarter)

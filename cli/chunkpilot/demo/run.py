@@ -16,12 +16,8 @@ from pathlib import Path
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
 from chunkpilot.loadgen.stats import SLO, RequestRecord
 from chunkpilot.loadgen.workloads import Phase, Shape, build_workload, scaled
-from chunkpilot.tuner.config import TuningConfig
-from chunkpilot.tuner.local import build_local
-from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
-from chunkpilot.tuner.prometheus_server import PrometheusServer
-from chunkpilot.tuner.space import Knobs, SearchSpace
+from chunkpilot.tuner import (Knobs, LatencyTarget, PrometheusServer, SLOTargets, SearchSpace, TunerLoop,
+                              TunerSettings, TuningConfig, build_local)
 
 from chunkpilot.demo.engines import EngineProcess
 
@@ -163,8 +159,7 @@ def _size(run: DemoRun, config: DemoConfig, say) -> DemoConfig:
     from chunkpilot.demo import probe as probes
     from chunkpilot.demo.check import EngineCheck
     from chunkpilot.demo.sizing import Sizing, size
-    from chunkpilot.tuner.local import FileActuator
-    from chunkpilot.tuner.prometheus import PrometheusSource
+    from chunkpilot.tuner import FileActuator, PrometheusSource
 
     source = PrometheusSource(run.prometheus.url, 'job="chunkpilot-tuned"')
     runner = probes.EngineProbe([e.url for e in run.engines["tuned"]],

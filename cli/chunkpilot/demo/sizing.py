@@ -21,12 +21,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from chunkpilot.loadgen.workloads import build_workload
-from chunkpilot.tuner.loop import TunerSettings
-from chunkpilot.tuner.guide import PRIOR_SPREAD
-from chunkpilot.tuner.measurement import MAX_PREFILL_UTILIZATION
-from chunkpilot.tuner.predictor import Load, predict
-from chunkpilot.tuner.space import Knobs, SearchSpace
-from chunkpilot.tuner.step_model import StepModel
+from chunkpilot.tuner import (Knobs, Load, SearchSpace, StepModel, TunerSettings, MAX_PREFILL_UTILIZATION,
+                              PRIOR_SPREAD, predict)
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,7 @@ from rich.table import Table
 
 from chunkpilot.demo.run import GROUPS, DemoRun
 from chunkpilot.contract import metric_names as m
-from chunkpilot.tuner.interfaces import MeasurementUnavailable
-from chunkpilot.tuner.prometheus import PrometheusSource, quantile_query
+from chunkpilot.tuner import MeasurementUnavailable, PrometheusSource, quantile_query
 
 
 def _fmt(v: float | None, slo: float | None = None) -> str:
