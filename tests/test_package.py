@@ -163,3 +163,35 @@ def test_the_demo_uses_the_tuner_through_its_public_names():
                 assert node.module in ("chunkpilot.tuner", "chunkpilot.tuner.sim"), (path.name, node.module)
                 public = importlib.import_module(node.module).__all__
                 assert {a.name for a in node.names} <= set(public), (path.name, node.module)
+
+
+def test_engine_settings_have_one_default_wherever_they_are_declared():
+    """chunkpilot.contract.engine_settings: the engine's config, `chunkpilot engine serve` and `generate`, the CRD's
+    defaults and the tuner's default bounds all give the same values (maxNumSeqs was 32 on the command line and 64
+    in the CRD)."""
+    import dataclasses
+
+    import typer.main
+
+    from chunkpilot.api.types import EngineSpec, SchedulerSpec, TuningBounds
+    from chunkpilot.cli.engine import app as engine_app
+    from chunkpilot.cli.tuner import app as tuner_app
+    from chunkpilot.contract import engine_settings as d
+    from chunkpilot.engine.config import EngineConfig
+
+    config = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    assert (config["token_budget"], config["max_chunk"], config["max_num_seqs"]) == \
+        (d.TOKEN_BUDGET, d.MAX_CHUNK, d.MAX_NUM_SEQS)
+    for name in ("serve", "generate"):
+        options = {p.name: p.default for p in typer.main.get_command(engine_app).commands[name].params}
+        assert (options["token_budget"], options["max_chunk"], options["max_num_seqs"]) == \
+            (d.TOKEN_BUDGET, d.MAX_CHUNK, d.MAX_NUM_SEQS), name
+    assert EngineSpec().max_num_seqs == d.MAX_NUM_SEQS
+    assert (SchedulerSpec().token_budget, SchedulerSpec().max_chunk) == (d.TOKEN_BUDGET, d.MAX_CHUNK)
+    bounds = TuningBounds()
+    assert (bounds.token_budget.min, bounds.token_budget.max) == d.TUNING_BUDGET_BOUNDS
+    assert (bounds.max_chunk.min, bounds.max_chunk.max) == d.TUNING_CHUNK_BOUNDS
+    run = {p.name: p.default for p in typer.main.get_command(tuner_app).commands["run"].params}
+    assert run["budget_bounds"] == "{}:{}".format(*d.TUNING_BUDGET_BOUNDS)
+    assert run["chunk_bounds"] == "{}:{}".format(*d.TUNING_CHUNK_BOUNDS)
+    assert d.TUNING_BUDGET_BOUNDS[0] >= d.MAX_NUM_SEQS  # the default bounds pass the rule knob_refusal checks

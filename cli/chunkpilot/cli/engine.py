@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from chunkpilot.contract import engine_settings as defaults
+
 app = typer.Typer(help="The serving engine: `serve` the OpenAI-compatible API, or `generate` offline.", no_args_is_help=True)
 
 
@@ -20,9 +22,9 @@ def generate(
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     seed: Optional[int] = typer.Option(None, help="Per-request seed for sampling."),
     chat: bool = typer.Option(False, help="Wrap each prompt as a user message in the model's chat template."),
-    token_budget: int = typer.Option(512, help="Tokens per step (decodes first, then prefill chunks)."),
-    max_chunk: int = typer.Option(512, help="Largest prefill chunk per sequence per step."),
-    max_num_seqs: int = typer.Option(32, help="Cap on running sequences."),
+    token_budget: int = typer.Option(defaults.TOKEN_BUDGET, help="Tokens per step (decodes first, then prefill chunks)."),
+    max_chunk: int = typer.Option(defaults.MAX_CHUNK, help="Largest prefill chunk per sequence per step."),
+    max_num_seqs: int = typer.Option(defaults.MAX_NUM_SEQS, help="Cap on running sequences."),
     dtype: str = typer.Option("auto", help="float32 | bfloat16 | float16 | auto (float32 on CPU)."),
     device: str = typer.Option("auto", help="cpu | cuda | cuda:N | auto."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
@@ -75,9 +77,9 @@ def serve(
     api_key: Optional[str] = typer.Option(None, envvar=_env("API_KEY"), help="Require `Authorization: Bearer KEY` on /v1/*; several keys separated by commas are several tenants, whose prompts never share prefix-cache blocks. Prefer the env var (a Secret) to the flag."),
     knobs_file: Optional[Path] = typer.Option(None, envvar=_env("KNOBS_FILE"), help="Scheduler knobs JSON {token_budget, max_chunk, generation}, watched and applied while serving."),
     knobs_poll_interval: float = typer.Option(0.2, envvar=_env("KNOBS_POLL_INTERVAL"), help="Seconds between reads of the knobs file."),
-    token_budget: int = typer.Option(512, envvar=_env("TOKEN_BUDGET"), help="Initial tokens per step (the knobs file overrides it)."),
-    max_chunk: int = typer.Option(512, envvar=_env("MAX_CHUNK"), help="Initial largest prefill chunk (the knobs file overrides it)."),
-    max_num_seqs: int = typer.Option(32, envvar=_env("MAX_NUM_SEQS"), help="Cap on running sequences; token budgets below it are refused."),
+    token_budget: int = typer.Option(defaults.TOKEN_BUDGET, envvar=_env("TOKEN_BUDGET"), help="Initial tokens per step (the knobs file overrides it)."),
+    max_chunk: int = typer.Option(defaults.MAX_CHUNK, envvar=_env("MAX_CHUNK"), help="Initial largest prefill chunk (the knobs file overrides it)."),
+    max_num_seqs: int = typer.Option(defaults.MAX_NUM_SEQS, envvar=_env("MAX_NUM_SEQS"), help="Cap on running sequences; token budgets below it are refused."),
     max_token_budget: Optional[int] = typer.Option(None, envvar=_env("MAX_TOKEN_BUDGET"), help="Largest token budget a knobs file may set (default: what the GPU's memory leaves room for, at most max-num-seqs x max-model-len); larger ones are refused and the last good knobs stay."),
     max_waiting: int = typer.Option(256, envvar=_env("MAX_WAITING"), help="Requests allowed to wait; beyond it HTTP 429 with Retry-After."),
     max_model_len: Optional[int] = typer.Option(None, envvar=_env("MAX_MODEL_LEN"), help="Prompt + output limit (default: the model's, capped at 8192)."),

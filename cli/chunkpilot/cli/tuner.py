@@ -10,6 +10,8 @@ from typing import Optional
 
 import typer
 
+from chunkpilot.contract import engine_settings as defaults
+
 app = typer.Typer(help="The Optuna tuner that moves token budget and max chunk while the engines serve.",
                   no_args_is_help=True)
 
@@ -30,9 +32,9 @@ def run(
     name: str = typer.Option("local/engines", help="--local: study name (namespace/name)."),
     ttft_slo: Optional[str] = typer.Option(None, help="--local: TTFT SLO as PERCENTILE:SECONDS, e.g. 0.99:2."),
     itl_slo: Optional[str] = typer.Option(None, help="--local: inter-token latency SLO, e.g. 0.99:0.2."),
-    budget_bounds: str = typer.Option("64:8192", help="--local: token budget MIN:MAX."),
-    chunk_bounds: str = typer.Option("32:8192", help="--local: max chunk MIN:MAX."),
-    start: str = typer.Option("512:512", help="--local: knobs before the first trial, BUDGET:CHUNK."),
+    budget_bounds: str = typer.Option("{}:{}".format(*defaults.TUNING_BUDGET_BOUNDS), help="--local: token budget MIN:MAX."),
+    chunk_bounds: str = typer.Option("{}:{}".format(*defaults.TUNING_CHUNK_BOUNDS), help="--local: max chunk MIN:MAX."),
+    start: str = typer.Option(f"{defaults.TOKEN_BUDGET}:{defaults.MAX_CHUNK}", help="--local: knobs before the first trial, BUDGET:CHUNK."),
     mode: str = typer.Option("auto", help="--local: auto (apply) or advisory (recommend only)."),
     objective: str = typer.Option("goodput", help="goodput or throughput."),
     guidance: str = typer.Option("model", help="--local: model (try only knobs the step-time model predicts keep "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chunkpilot.contract import engine_settings as defaults
+
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -12,9 +14,9 @@ class EngineConfig:
     model: str
     dtype: str = "auto"  # "auto": the checkpoint's dtype on GPU, float32 on CPU (CPU half-precision GEMMs are slow)
     device: str = "auto"  # "auto": cuda if available, else cpu
-    token_budget: int = 512
-    max_chunk: int = 512
-    max_num_seqs: int = 32
+    token_budget: int = defaults.TOKEN_BUDGET
+    max_chunk: int = defaults.MAX_CHUNK
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
     max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
     block_size: int = 16
     num_kv_blocks: int | None = None  # explicit pool size; else from kv_cache_memory

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chunkpilot.contract import engine_settings as defaults
+
 GROUP = "chunkpilot.io"
 VERSION = "v1alpha1"
 KIND = "InferenceDeployment"
@@ -82,7 +84,7 @@ class EngineSpec(_Model):
                     "attention heads; GPUs beyond it stay idle.")
     gpu_memory_utilization: float = Field(0.85, alias="gpuMemoryUtilization", ge=0.05, le=0.99,
                                           description="Fraction of GPU memory for weights plus KV cache.")
-    max_num_seqs: int = Field(64, alias="maxNumSeqs", ge=1, le=4096,
+    max_num_seqs: int = Field(defaults.MAX_NUM_SEQS, alias="maxNumSeqs", ge=1, le=4096,
                               description="Cap on sequences running at once in one pod.")
     prefix_caching: bool = Field(True, alias="prefixCaching", description="Reuse KV blocks of shared prefixes.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables for the engine.")
@@ -106,9 +108,9 @@ class SchedulerSpec(_Model):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
         ("self.maxChunk <= self.tokenBudget", "maxChunk must be <= tokenBudget")))
 
-    token_budget: int = Field(512, alias="tokenBudget", ge=1, le=1_048_576,
+    token_budget: int = Field(defaults.TOKEN_BUDGET, alias="tokenBudget", ge=1, le=1_048_576,
                               description="Tokens per engine step: one per running decode, the rest on prefill chunks.")
-    max_chunk: int = Field(512, alias="maxChunk", ge=1, le=1_048_576,
+    max_chunk: int = Field(defaults.MAX_CHUNK, alias="maxChunk", ge=1, le=1_048_576,
                            description="Largest prefill chunk of one prompt in one step.")
 
 
@@ -132,9 +134,11 @@ class Range(_Model):
 
 
 class TuningBounds(_Model):
-    token_budget: Range = Field(default_factory=lambda: Range(min=64, max=8192), alias="tokenBudget",
+    token_budget: Range = Field(default_factory=lambda: Range(min=defaults.TUNING_BUDGET_BOUNDS[0],
+                                                              max=defaults.TUNING_BUDGET_BOUNDS[1]), alias="tokenBudget",
                                 description="Token budget range.")
-    max_chunk: Range = Field(default_factory=lambda: Range(min=32, max=8192), alias="maxChunk",
+    max_chunk: Range = Field(default_factory=lambda: Range(min=defaults.TUNING_CHUNK_BOUNDS[0],
+                                                           max=defaults.TUNING_CHUNK_BOUNDS[1]), alias="maxChunk",
                              description="Max chunk range.")
 
 

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass
 
 from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, SchedulerStatus, knob_refusal
-from chunkpilot.contract.knobs import SchedulerKnobs
-from chunkpilot.contract.knobs import dumps_knobs
+from chunkpilot.contract import engine_settings as defaults
+from chunkpilot.contract.knobs import SchedulerKnobs, dumps_knobs
 from chunkpilot.operator import policy, rules
 from chunkpilot.operator.policy import Policy
 
@@ -187,7 +187,7 @@ def engine_env(obj: InferenceDeployment, model_path: str,
         "CHUNKPILOT_KNOBS_FILE": f"{KNOBS_DIR}/{KNOBS_FILE}",
         # Start-up knobs only: the mounted knobs file is applied before the first request, and the knobs must
         # stay out of the pod template so that changing them never restarts pods.
-        "CHUNKPILOT_TOKEN_BUDGET": str(max(512, spec.engine.max_num_seqs)),
+        "CHUNKPILOT_TOKEN_BUDGET": str(max(defaults.TOKEN_BUDGET, spec.engine.max_num_seqs)),
         "CHUNKPILOT_MAX_CHUNK": "512",
         "CHUNKPILOT_MAX_NUM_SEQS": str(spec.engine.max_num_seqs),
         "CHUNKPILOT_DTYPE": spec.model.dtype,

@@ -1,0 +1,14 @@
+"""The engine settings more than one part declares, one value each: the engine's EngineConfig, the CLI's options,
+the CRD's defaults and the tuner's default search bounds all read them here (they used to disagree: maxNumSeqs
+was 32 on the command line and 64 in the CRD)."""
+
+# Start-up knobs: vLLM's chunked-prefill default budget, with chunks as large as the budget.
+TOKEN_BUDGET = 512
+MAX_CHUNK = 512
+# Sequences running at once in one engine; every running sequence needs one token of the budget per step, so no
+# token budget (start-up, knobs file or tuning bound) may be below it.
+MAX_NUM_SEQS = 32
+# The tuner's default search bounds (MIN, MAX): the budget from twice the default MAX_NUM_SEQS, the chunk from one
+# KV block pair; 8192 is as far as a step on one GPU usefully goes for prefill.
+TUNING_BUDGET_BOUNDS = (64, 8192)
+TUNING_CHUNK_BOUNDS = (32, 8192)
