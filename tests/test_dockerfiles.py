@@ -61,9 +61,12 @@ def test_operator_and_tuner_images_carry_no_engine_and_start_without_torch(part,
     assert "chunkpilot/contract/knobs.py" in names and f"chunkpilot/{part}/" in {n[:len(part) + 12] for n in names}
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
+    # the source tree's folders (the editable install) and the working directory leave the path; the venv stays
+    sources = ["", str(ROOT)] + [str(ROOT / d) for d in ("contract", "engine_image", "cli", "loadgen", "operator",
+                                                         "tuner")]
     code = f"""
 import importlib.abc, sys
-sys.path[:] = [p for p in sys.path if "{ROOT}" not in p and p != ""]
+sys.path[:] = [p for p in sys.path if p not in {sources!r}]
 sys.path.insert(0, "{site}")
 class Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):

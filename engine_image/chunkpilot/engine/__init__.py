@@ -5,7 +5,7 @@ can be imported by the tuner and its simulator without pulling in torch."""
 
 from __future__ import annotations
 
-import importlib
+from chunkpilot.contract import lazy
 
 _EXPORTS = {
     "LLM": "chunkpilot.engine.llm",
@@ -19,7 +19,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'chunkpilot.engine' has no attribute {name!r}")
+__getattr__ = lazy.exports(__name__, _EXPORTS)

@@ -5,7 +5,7 @@ so importing one part does not import them all, and the modules keep importing e
 
 from __future__ import annotations
 
-import importlib
+from chunkpilot.contract import lazy
 
 _EXPORTS = {
     # the loop and how it is configured and built
@@ -30,7 +30,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'chunkpilot.tuner' has no attribute {name!r}")
+__getattr__ = lazy.exports(__name__, _EXPORTS)

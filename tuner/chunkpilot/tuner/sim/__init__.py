@@ -4,13 +4,10 @@ Public names, loaded lazily (PEP 562): the simulator and the cost that drives it
 
 from __future__ import annotations
 
-import importlib
+from chunkpilot.contract import lazy
 
 _EXPORTS = {"Simulator": "chunkpilot.tuner.sim.simulator", "FittedCost": "chunkpilot.tuner.sim.costmodel"}
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'chunkpilot.tuner.sim' has no attribute {name!r}")
+__getattr__ = lazy.exports(__name__, _EXPORTS)
