@@ -195,3 +195,19 @@ def test_engine_settings_have_one_default_wherever_they_are_declared():
     assert run["budget_bounds"] == "{}:{}".format(*d.TUNING_BUDGET_BOUNDS)
     assert run["chunk_bounds"] == "{}:{}".format(*d.TUNING_CHUNK_BOUNDS)
     assert d.TUNING_BUDGET_BOUNDS[0] >= d.MAX_NUM_SEQS  # the default bounds pass the rule knob_refusal checks
+
+
+def test_the_knobs_have_one_type():
+    """One value type for the two knobs (chunkpilot.contract.knobs.Knobs): the tuner searches over it, the knobs
+    file and the API's scheduler spec and status convert to and from it without re-spelling the fields."""
+    from chunkpilot.api.types import SchedulerSpec, SchedulerStatus
+    from chunkpilot.contract.knobs import Knobs, SchedulerKnobs, dumps_knobs, parse_knobs
+    from chunkpilot.tuner import Knobs as TunerKnobs
+
+    assert TunerKnobs is Knobs
+    k = Knobs(96, 32)
+    assert parse_knobs(dumps_knobs(SchedulerKnobs.of(k, 7))) == SchedulerKnobs(96, 32, 7)
+    assert SchedulerKnobs.of(k, 7).knobs == k
+    status = SchedulerStatus.of(k, source="tuner", generation=3)
+    assert status.knobs == k and status.generation == 3 and status.source == "tuner"
+    assert SchedulerSpec(tokenBudget=96, maxChunk=32).knobs == k

@@ -11,10 +11,30 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
+class Knobs:
+    """The two numbers: what the tuner searches over and what a pod applies. The one value type of the knobs;
+    the file adds a generation (SchedulerKnobs), the API's SchedulerSpec and SchedulerStatus convert with
+    `.knobs` and `SchedulerStatus.of`."""
+
+    token_budget: int
+    max_chunk: int
+
+
+@dataclass(frozen=True)
 class SchedulerKnobs:
+    """Knobs with the generation that carries them: the knobs file's content."""
+
     token_budget: int
     max_chunk: int
     generation: int = 0
+
+    @classmethod
+    def of(cls, knobs: Knobs, generation: int = 0) -> "SchedulerKnobs":
+        return cls(knobs.token_budget, knobs.max_chunk, generation)
+
+    @property
+    def knobs(self) -> Knobs:
+        return Knobs(self.token_budget, self.max_chunk)
 
     def validated(self, *, min_token_budget: int = 1, max_token_budget: int | None = None) -> "SchedulerKnobs":
         """Return self if the knobs are usable, else raise ValueError saying which field to change."""

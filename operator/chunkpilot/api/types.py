@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from chunkpilot.contract import engine_settings as defaults
+from chunkpilot.contract.knobs import Knobs
 
 GROUP = "chunkpilot.io"
 VERSION = "v1alpha1"
@@ -112,6 +113,10 @@ class SchedulerSpec(_Model):
                               description="Tokens per engine step: one per running decode, the rest on prefill chunks.")
     max_chunk: int = Field(defaults.MAX_CHUNK, alias="maxChunk", ge=1, le=1_048_576,
                            description="Largest prefill chunk of one prompt in one step.")
+
+    @property
+    def knobs(self) -> Knobs:
+        return Knobs(self.token_budget, self.max_chunk)
 
 
 class LatencySLO(_Model):
@@ -256,6 +261,14 @@ class SchedulerStatus(_Model):
     max_chunk: int = Field(..., alias="maxChunk", description="Max chunk the pods should apply.")
     source: Literal["spec", "tuner"] = Field("spec", description="Who chose these knobs.")
     generation: int = Field(0, ge=0, description="Knob generation; pods export the one they applied.")
+
+    @classmethod
+    def of(cls, knobs: Knobs, *, source: str, generation: int) -> "SchedulerStatus":
+        return cls(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk, source=source, generation=generation)
+
+    @property
+    def knobs(self) -> Knobs:
+        return Knobs(self.token_budget, self.max_chunk)
 
 
 class KnobsMeasurement(_Model):

@@ -173,7 +173,7 @@ def _container_security() -> dict:
 def knobs_configmap(obj: InferenceDeployment) -> dict:
     k = effective_knobs(obj)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(obj, knobs_configmap_name(obj.metadata["name"])),
-            "data": {KNOBS_FILE: dumps_knobs(SchedulerKnobs(k.token_budget, k.max_chunk, k.generation))}}
+            "data": {KNOBS_FILE: dumps_knobs(SchedulerKnobs.of(k.knobs, k.generation))}}
 
 
 def engine_env(obj: InferenceDeployment, model_path: str,

@@ -130,8 +130,7 @@ class StatusActuator:
 
     def apply(self, knobs: Knobs) -> int:
         self._generation += 1
-        self.writer.write(scheduler=SchedulerStatus(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk,
-                                                    source="tuner", generation=self._generation))
+        self.writer.write(scheduler=SchedulerStatus.of(knobs, source="tuner", generation=self._generation))
         self._knobs = knobs
         return self._generation
 
@@ -256,8 +255,8 @@ def start_knobs(raw: dict) -> tuple[Knobs, int]:
     except ValidationError:
         st = None
     if st is not None:
-        return Knobs(st.token_budget, st.max_chunk), st.generation
-    return Knobs(spec.scheduler.token_budget, spec.scheduler.max_chunk), 0
+        return st.knobs, st.generation
+    return spec.scheduler.knobs, 0
 
 
 def poster(raw: dict):

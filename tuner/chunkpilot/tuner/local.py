@@ -9,8 +9,7 @@ import logging
 import threading
 from pathlib import Path
 
-from chunkpilot.contract.knobs import SchedulerKnobs
-from chunkpilot.contract.knobs import parse_knobs, write_knobs
+from chunkpilot.contract.knobs import SchedulerKnobs, parse_knobs, write_knobs
 from chunkpilot.tuner.config import TuningConfig, build_loop
 from chunkpilot.tuner.loop import TunerLoop
 from chunkpilot.tuner.metrics import TunerMetrics
@@ -27,14 +26,14 @@ class FileActuator:
         self.source = source
         try:  # resume from what the engines already run
             k = parse_knobs(self.path.read_bytes())
-            self._knobs, self._generation = Knobs(k.token_budget, k.max_chunk), k.generation
+            self._knobs, self._generation = k.knobs, k.generation
         except (OSError, ValueError):
             self._knobs, self._generation = start, 0
-            write_knobs(self.path, SchedulerKnobs(start.token_budget, start.max_chunk, 0))
+            write_knobs(self.path, SchedulerKnobs.of(start))
 
     def apply(self, knobs: Knobs) -> int:
         self._generation += 1
-        write_knobs(self.path, SchedulerKnobs(knobs.token_budget, knobs.max_chunk, self._generation))
+        write_knobs(self.path, SchedulerKnobs.of(knobs, self._generation))
         self._knobs = knobs
         log.info("knobs -> token budget %d, max chunk %d (generation %d)", knobs.token_budget, knobs.max_chunk,
                  self._generation)

@@ -10,11 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Knobs:
-    token_budget: int
-    max_chunk: int
+from chunkpilot.contract.knobs import Knobs  # the one knobs type; the tuner's points are these
 
 
 def log_grid(lo: int, hi: int, step: int, points_per_octave: int = 4) -> list[int]:
