@@ -57,7 +57,9 @@ def test_operator_and_tuner_images_carry_no_engine_and_start_without_torch(part,
 
     wheel = _built_from(ROOT / part / "Dockerfile", tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
-    assert not [n for n in names if n.startswith("chunkpilot/engine/")]
+    other = "tuner" if part == "operator" else "operator"
+    assert not [n for n in names if n.startswith(("chunkpilot/engine/", f"chunkpilot/{other}/"))]
+    assert "chunkpilot/api/types.py" in names and "chunkpilot/kube/client.py" in names
     assert "chunkpilot/contract/knobs.py" in names and f"chunkpilot/{part}/" in {n[:len(part) + 12] for n in names}
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -119,7 +119,7 @@ def test_operator_and_tuner_are_siblings_on_one_ground_floor():
 
     tuner = imported(ROOT / "tuner" / "chunkpilot" / "tuner")
     operator = imported(ROOT / "operator" / "chunkpilot" / "operator")
-    floor = imported(ROOT / "operator" / "chunkpilot" / "kube")
+    floor = imported(ROOT / "contract" / "chunkpilot" / "kube")
     assert not within(tuner, "chunkpilot.operator"), within(tuner, "chunkpilot.operator")
     assert not within(operator, "chunkpilot.tuner"), within(operator, "chunkpilot.tuner")
     assert not within(floor, "chunkpilot.operator") | within(floor, "chunkpilot.tuner")
