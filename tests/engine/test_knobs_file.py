@@ -47,7 +47,7 @@ def test_configmap_symlink_swaps_are_seen_and_bad_content_is_refused(tmp_path):
     assert watcher.check() and holder.get() == SchedulerKnobs(256, 64, 2)
     configmap_update(tmp_path, {"token_budget": 4, "max_chunk": 4, "generation": 3}, 3)  # below max_num_seqs
     assert not watcher.check() and holder.get() == SchedulerKnobs(256, 64, 2)
-    assert len(errors) == 1 and "token_budget must be >= 8" in errors[0] and "keeping" in errors[0]
+    assert len(errors) == 1 and "token_budget must be >= max_num_seqs = 8" in errors[0] and "keeping" in errors[0]
     assert not watcher.check() and len(errors) == 1  # the same bad file is reported once, not every poll
     configmap_update(tmp_path, {"token_budget": 32, "max_chunk": 16, "generation": 4}, 4)
     assert watcher.check() and holder.get() == SchedulerKnobs(32, 16, 4)

@@ -114,7 +114,7 @@ def test_bad_engine_settings_are_refused():
 
     with pytest.raises(ValueError, match="max_chunk"):
         EngineConfig(model="x", token_budget=16, max_chunk=32)
-    with pytest.raises(ValueError, match="token_budget .* must be >= max_num_seqs"):
+    with pytest.raises(ValueError, match="token_budget must be >= max_num_seqs"):
         EngineConfig(model="x", token_budget=8, max_chunk=8, max_num_seqs=16)
     with pytest.raises(ValueError, match="dtype"):
         EngineConfig(model="x", dtype="int8")

@@ -37,22 +37,24 @@ class SchedulerKnobs:
         return Knobs(self.token_budget, self.max_chunk)
 
     def validated(self, *, min_token_budget: int = 1, max_token_budget: int | None = None) -> "SchedulerKnobs":
-        """Return self if the knobs are usable, else raise ValueError saying which field to change."""
+        """Return self if the knobs are usable, else raise ValueError saying which field to change. The one
+        validation of the knobs: the engine's config, its knobs file and (through api.types.knob_refusal, which
+        states the same two rules for a spec) the operator."""
         for name in ("token_budget", "max_chunk", "generation"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        if self.token_budget < min_token_budget:
-            raise ValueError(
-                f"token_budget must be >= {min_token_budget} (every running sequence needs one decode token "
-                f"per step), got {self.token_budget}"
-            )
-        if max_token_budget is not None and self.token_budget > max_token_budget:
-            raise ValueError(f"token_budget must be <= {max_token_budget}, got {self.token_budget}")
         if not 1 <= self.max_chunk <= self.token_budget:
             raise ValueError(
                 f"max_chunk must be in [1, token_budget={self.token_budget}], got {self.max_chunk}"
             )
+        if self.token_budget < min_token_budget:
+            raise ValueError(
+                f"token_budget must be >= max_num_seqs = {min_token_budget} (every running sequence needs one "
+                f"decode token per step: lower max_num_seqs or raise token_budget), got {self.token_budget}"
+            )
+        if max_token_budget is not None and self.token_budget > max_token_budget:
+            raise ValueError(f"token_budget must be <= {max_token_budget}, got {self.token_budget}")
         if self.generation < 0:
             raise ValueError(f"generation must be >= 0, got {self.generation}")
         return self

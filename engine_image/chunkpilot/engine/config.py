@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chunkpilot.contract import engine_settings as defaults
+from chunkpilot.contract.knobs import SchedulerKnobs
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -49,13 +50,9 @@ class EngineConfig:
                                                   or self.max_token_budget < self.token_budget):
             raise ValueError(f"max_token_budget ({self.max_token_budget}) must be an integer >= token_budget "
                              f"({self.token_budget})")
-        if self.max_chunk > self.token_budget:
-            raise ValueError(f"max_chunk ({self.max_chunk}) must be <= token_budget ({self.token_budget})")
-        if self.token_budget < self.max_num_seqs:
-            raise ValueError(
-                f"token_budget ({self.token_budget}) must be >= max_num_seqs ({self.max_num_seqs}): every running "
-                "sequence gets one decode token per step; lower max_num_seqs or raise token_budget"
-            )
+        # the knobs' own rules (the chunk within the budget, a budget token for every running sequence): the
+        # contract's one validation, the same the knobs file and the operator's spec go through
+        SchedulerKnobs(self.token_budget, self.max_chunk).validated(min_token_budget=self.max_num_seqs)
         if self.attention_backend not in ("auto", "sdpa", "varlen"):
             raise ValueError(f"attention_backend must be auto, sdpa or varlen, got {self.attention_backend!r}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
