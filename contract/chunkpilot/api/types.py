@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from chunkpilot.contract import engine_settings as defaults
-from chunkpilot.contract.knobs import Knobs
+from chunkpilot.contract.knobs import Knobs, SchedulerKnobs
 
 GROUP = "chunkpilot.io"
 VERSION = "v1alpha1"
@@ -231,9 +231,11 @@ def knob_refusal(spec: InferenceDeploymentSpec) -> str:
     schema does not express, in one place. The operator refuses such a spec (InvalidSpec) and the tuner holds it
     (InvalidTuningSpec) with the same message; neither clamps it into something the user did not ask for."""
     seqs = spec.engine.max_num_seqs
-    if spec.scheduler.token_budget < seqs:
-        return (f"spec.scheduler.tokenBudget ({spec.scheduler.token_budget}) must be >= spec.engine.maxNumSeqs "
-                f"({seqs}): every running sequence needs one token per step")
+    try:  # the knobs' own rules are the contract's one validation, the engine's and the knobs file's
+        SchedulerKnobs.of(spec.scheduler.knobs).validated(min_token_budget=seqs)
+    except ValueError as e:
+        return (f"spec.scheduler.tokenBudget {spec.scheduler.token_budget} and maxChunk {spec.scheduler.max_chunk} "
+                f"with spec.engine.maxNumSeqs {seqs}: {e}")
     if spec.tuning.mode == "off":
         return ""
     bounds = spec.tuning.bounds
