@@ -36,7 +36,7 @@ SCHEDULER_TOKEN_BUDGET = PREFIX + "scheduler_token_budget"
 SCHEDULER_MAX_CHUNK = PREFIX + "scheduler_max_chunk"
 SCHEDULER_GENERATION = PREFIX + "scheduler_generation"
 SCHEDULER_KNOB_ERRORS = PREFIX + "scheduler_knob_errors_total"
-# Sums of products of each step's cost features and its seconds (chunkpilot.engine.step_cost), label `term`.
+# Sums of products of each step's cost features and its seconds (chunkpilot.contract.step_cost), label `term`.
 STEP_COST_MOMENTS = PREFIX + "step_cost_moments_total"
 STEP_COST_TERM_LABEL = "term"
 # Tensor parallelism: the ranks of one engine, and what each holds (label `rank`).

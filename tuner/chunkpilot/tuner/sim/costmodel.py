@@ -3,7 +3,7 @@
 * `CostModel`: a linear function of what the step computes, fitted on the real engine (CPU-shaped: every prompt
   token costs from the first). features: 1 (per-step overhead: Python, kernel launches), prefill tokens (weight
   matmuls), decode sequences (their matmul rows plus per-sequence bookkeeping), and KV tokens read (attention:
-  every query reads the keys before it; the engine's step_cost owns that formula).
+  every query reads the keys before it; chunkpilot.contract.step_cost owns that formula).
 * `GpuShapedCost`: a roofline (GPU-shaped): a step costs about the same until its tokens turn it compute-bound,
   then grows linearly. Its knee lies between the step-time model's hinges on purpose: the tuner's model must fit a
   shape it was not written for."""
