@@ -64,6 +64,24 @@ def test_the_tuner_holds_what_the_operator_refuses_with_the_same_message(change)
     assert str(held.value) == str(refused.value)
 
 
+def test_the_tuners_knobs_never_share_a_generation_with_the_operators(k):
+    """The tuner read the resource before the operator wrote the spec's knobs to status as generation 1 (a real
+    kubelet run showed it: the tuner's first knobs went out as generation 1 too, so the pods' "generation 1" could
+    not tell them apart). The generation is taken from status at the time of writing."""
+    ns = k.ns
+    k.create(sample("race", ns))
+    start, gen = start_knobs(k.get("inferencedeployments", ns, "race"))
+    assert gen == 0  # no status yet
+    k.patch("race", {"status": {"scheduler": {"tokenBudget": 128, "maxChunk": 64, "source": "spec",
+                                              "generation": 1}}}, ns, status=True)  # the operator, meanwhile
+    act = StatusActuator(StatusWriter(Kube(k.api), ns, "race"), PrometheusSource("http://127.0.0.1:1", 'job="x"'),
+                         start, gen)
+    assert act.apply(Knobs(96, 32)) == 2
+    assert k.status(ns, "race")["scheduler"] == {"tokenBudget": 96, "maxChunk": 32, "source": "tuner",
+                                                 "generation": 2}
+    assert act.apply(Knobs(64, 32)) == 3
+
+
 def test_status_actuator_writes_tuner_knobs_and_keeps_other_conditions(k):
     ns = k.ns
     k.create(sample("act", ns))

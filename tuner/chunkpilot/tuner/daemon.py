@@ -101,11 +101,12 @@ class StatusWriter:
     def __init__(self, kube: Kube, namespace: str, name: str) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
 
-    def write(self, *, scheduler: SchedulerStatus | None = None, tuning: TuningStatus | None = None,
-              slo: SLOStatus | None = None, autoscaling: AutoscalingStatus | None = None,
-              tuner_conditions: list[Condition] | None = None, attempts: int = 5) -> None:
-        part = {key: dump(model) for key, model in (("scheduler", scheduler), ("tuning", tuning), ("slo", slo),
-                                                    ("autoscaling", autoscaling)) if model is not None}
+    def write(self, *, tuning: TuningStatus | None = None, slo: SLOStatus | None = None,
+              autoscaling: AutoscalingStatus | None = None, tuner_conditions: list[Condition] | None = None,
+              attempts: int = 5) -> None:
+        """The tuner's report (the knobs go through write_knobs, which owns their generation)."""
+        part = {key: dump(model) for key, model in (("tuning", tuning), ("slo", slo), ("autoscaling", autoscaling))
+                if model is not None}
         for _ in range(attempts):
             raw = self.kube.read_inference_deployment(self.namespace, self.name)
             if raw is None:
@@ -123,14 +124,37 @@ class StatusWriter:
         log.warning("status of %s/%s not written after %d conflicts", self.namespace, self.name, attempts)
 
 
+    def write_knobs(self, knobs: Knobs, newer_than: int, attempts: int = 5) -> int:
+        """status.scheduler = the tuner's knobs, under a generation newer than `newer_than` and than the one in
+        status at the time of writing (read-modify-write against the resourceVersion). The operator writes the
+        spec's knobs as generation 1 when it first sees a resource, which can be after the tuner read it: counting
+        from its own read, the tuner wrote different knobs under that same generation 1, and "every pod reports
+        generation 1" then proved nothing (seen on a real kubelet). Returns the generation written."""
+        generation = newer_than + 1
+        for _ in range(attempts):
+            raw = self.kube.read_inference_deployment(self.namespace, self.name)
+            if raw is None:
+                return generation
+            st = status_scheduler(raw)
+            generation = max(newer_than, st.generation if st is not None else 0) + 1
+            part = {"scheduler": dump(SchedulerStatus.of(knobs, source="tuner", generation=generation))}
+            try:
+                self.kube.patch_status(self.namespace, self.name, part, raw["metadata"].get("resourceVersion"))
+                return generation
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        log.warning("knobs of %s/%s not written after %d conflicts", self.namespace, self.name, attempts)
+        return generation
+
+
 class StatusActuator:
     def __init__(self, writer: StatusWriter, source: PrometheusSource, start: Knobs, generation: int) -> None:
         self.writer, self.source = writer, source
         self._knobs, self._generation = start, generation
 
     def apply(self, knobs: Knobs) -> int:
-        self._generation += 1
-        self.writer.write(scheduler=SchedulerStatus.of(knobs, source="tuner", generation=self._generation))
+        self._generation = self.writer.write_knobs(knobs, self._generation)
         self._knobs = knobs
         return self._generation
 
@@ -246,14 +270,19 @@ class StatusPublisher:
                                         self.config.scaling.max_replicas)
 
 
+def status_scheduler(raw: dict) -> SchedulerStatus | None:
+    """status.scheduler of a raw resource, or None when absent or unreadable."""
+    try:  # only the part we need: a status field a newer version added must not cost us the knobs' generation
+        return SchedulerStatus.model_validate((raw.get("status") or {}).get("scheduler"))
+    except ValidationError:
+        return None
+
+
 def start_knobs(raw: dict) -> tuple[Knobs, int]:
     """The knobs the pods run now (status.scheduler, else the spec's) and their generation; raises ValidationError
     on a spec the API types refuse."""
     spec = InferenceDeploymentSpec.model_validate(raw.get("spec") or {})
-    try:  # only the part we need: a status field a newer version added must not cost us the knobs' generation
-        st = SchedulerStatus.model_validate((raw.get("status") or {}).get("scheduler"))
-    except ValidationError:
-        st = None
+    st = status_scheduler(raw)
     if st is not None:
         return st.knobs, st.generation
     return spec.scheduler.knobs, 0
