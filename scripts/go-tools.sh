@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Go-built tools the chart tests use, built once with `go install` from their modules (the Go module proxy)
+# The Go-built tools the chart and local-cluster tests use, built once with `go install` from their modules (the Go module proxy)
 # and cached in $CHUNKPILOT_CACHE/bin (default ~/.cache/chunkpilot/bin), never in the repository.
 # Needs Go >= 1.24 on PATH; the first build takes a few minutes on 2 cores, later runs are instant.
 set -euo pipefail
@@ -8,6 +8,9 @@ mkdir -p "$BIN"
 declare -A TOOLS=(
     [helm]="helm.sh/helm/v3/cmd/helm@v3.22.0"
     [kubeconform]="github.com/yannh/kubeconform/cmd/kubeconform@v0.8.0"
+    # Debian's prometheus is built without Kubernetes service discovery; the local-cluster tests find the engine
+    # pods the way a Prometheus in a cluster does, so they use upstream's (module v0.316.0 is Prometheus 3.x).
+    [prometheus]="github.com/prometheus/prometheus/cmd/prometheus@v0.316.0"
 )
 for name in "${!TOOLS[@]}"; do
     [ -x "$BIN/$name" ] && continue

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# A real Kubernetes control plane for the tests: kube-apiserver and kube-controller-manager built from
-# k8s.io/kubernetes (Go module proxy) and cached in $CHUNKPILOT_CACHE/kube/$VERSION (default
-# ~/.cache/chunkpilot/kube/v1.34.4), never in the repository; etcd from Debian's etcd-server (scripts/system-deps.sh).
+# A real Kubernetes cluster for the tests: kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and
+# kubelet built
+# from k8s.io/kubernetes (Go module proxy) and cached in $CHUNKPILOT_CACHE/kube/$VERSION (default
+# ~/.cache/chunkpilot/kube/v1.34.4), never in the repository; etcd, containerd, runc and the CNI plugins from Debian
+# (scripts/system-deps.sh). Only the binaries missing from the cache are built.
 #
 # k8s.io/kubernetes is not meant to be imported: its go.mod points every staging module (k8s.io/api, client-go, ...)
 # at ./staging. A throwaway module requires it and replaces each of those with the published v0.$MINOR.$PATCH
@@ -10,7 +12,10 @@
 set -euo pipefail
 VERSION=${CHUNKPILOT_KUBE_VERSION:-v1.34.4}
 OUT="${CHUNKPILOT_CACHE:-$HOME/.cache/chunkpilot}/kube/$VERSION"
-[ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ] && exit 0
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
+missing=()
+for bin in "${BINARIES[@]}"; do [ -x "$OUT/$bin" ] || missing+=("$bin"); done
+[ ${#missing[@]} -eq 0 ] && exit 0
 if ! command -v go >/dev/null 2>&1; then
     echo "warning: go is not installed, so kube-apiserver cannot be built (API-server tests skip locally, fail in" \
          "CI); install Go >= 1.24 (https://go.dev/doc/install) and rerun scripts/kube-tools.sh" >&2
@@ -20,9 +25,9 @@ STAGING_VERSION="v0.${VERSION#v1.}"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/chunkpilot-kube-build.XXXXXX")
 trap 'chmod -R u+w "$WORK" 2>/dev/null; rm -rf "$WORK"' EXIT
 export GOMODCACHE="$WORK/mod" GOCACHE="$WORK/cache" GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
-echo "building kube-apiserver and kube-controller-manager $VERSION into $OUT (one-time, 6-10 min) ..." >&2
+echo "building ${missing[*]} $VERSION into $OUT (one-time, 6-10 min each) ..." >&2
 cd "$WORK"
-mkdir -p src/cmd/kube-apiserver src/cmd/kube-controller-manager
+for bin in "${missing[@]}"; do mkdir -p "src/cmd/$bin"; done
 cd src
 go mod init chunkpilot.local/kube-build >/dev/null 2>&1
 # The staging modules are exactly the replace directives of k8s.io/kubernetes's own go.mod that point into ./staging.
@@ -33,17 +38,23 @@ for mod in $(sed -n 's#^[[:space:]]*\(k8s.io/[^[:space:]]*\) => ./staging/.*#\1#
     case "$mod" in k8s.io/sample-cli-plugin|k8s.io/sample-controller) continue ;; esac  # not published, not needed
     go mod edit -replace="$mod=$mod@$STAGING_VERSION"
 done
-for bin in kube-apiserver kube-controller-manager; do
+for bin in "${missing[@]}"; do
     case "$bin" in
         kube-apiserver) ctor="app.NewAPIServerCommand()" ;;
         kube-controller-manager) ctor="app.NewControllerManagerCommand()" ;;
+        kube-scheduler) ctor="app.NewSchedulerCommand()" ;;
+        kube-proxy) ctor="app.NewProxyCommand()" ;;
+        kubelet) ctor="app.NewKubeletCommand(context.Background())" ;;
     esac
+    imports='"os"'
+    [ "$bin" = kubelet ] && imports='"context"
+	"os"'
     cat > "cmd/$bin/main.go" <<GO
 // Upstream's cmd/$bin main, built against the published staging modules.
 package main
 
 import (
-	"os"
+	$imports
 	_ "time/tzdata"
 
 	"k8s.io/component-base/cli"
@@ -66,7 +77,8 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 mkdir -p "$OUT.tmp"
-go build -p 2 -trimpath -ldflags "$ldflags" -o "$OUT.tmp/" ./cmd/kube-apiserver ./cmd/kube-controller-manager
-"$OUT.tmp/kube-apiserver" --version
-rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
-echo "built $(ls "$OUT" | tr '\n' ' ')in $OUT" >&2
+pkgs=(); for bin in "${missing[@]}"; do pkgs+=("./cmd/$bin"); done
+go build -p 2 -trimpath -ldflags "$ldflags" -o "$OUT.tmp/" "${pkgs[@]}"
+for bin in "${missing[@]}"; do "$OUT.tmp/$bin" --version; done
+mkdir -p "$OUT" && mv "$OUT.tmp"/* "$OUT/" && rmdir "$OUT.tmp"
+echo "built ${missing[*]} in $OUT" >&2

@@ -53,11 +53,6 @@ def postgres():
 def control_plane(tmp_path_factory):
     """A real etcd + kube-apiserver + kube-controller-manager for the whole session (see tests/control_plane.py),
     with the InferenceDeployment CRD installed."""
-    from pathlib import Path
-
-    import kubernetes
-    import yaml
-
     from .control_plane import ControlPlane, find_binaries
 
     found = find_binaries()
@@ -66,17 +61,7 @@ def control_plane(tmp_path_factory):
             pytest.fail(found)
         pytest.skip(found)
     with ControlPlane(tmp_path_factory.mktemp("kube"), found) as cp:
-        crd = yaml.safe_load((Path(__file__).parents[1] / "crds" / "inferencedeployments.chunkpilot.io.yaml").read_text())
-        ext = kubernetes.client.ApiextensionsV1Api(cp.api())
-        ext.create_custom_resource_definition(crd)
-        name = crd["metadata"]["name"]
-
-        def established() -> bool:
-            got = ext.read_custom_resource_definition(name)
-            return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
-        from .engine.server_proc import wait_for
-
-        assert wait_for(established, 30, poll=0.2), f"CRD {name} not established"
+        install_crd(cp)
         yield cp
 
 
@@ -85,18 +70,43 @@ def chart_accounts(control_plane, tmp_path_factory):
     """The chart's ServiceAccounts and RBAC (rendered by `helm template`, applied to the real API server) and a
     kubeconfig for each, with a token from the TokenRequest API: {"operator": path, "tuner": path,
     "finalizer-cleanup": path} (the last is the install/upgrade hook Job's)."""
+    return install_chart_accounts(control_plane, tmp_path_factory.mktemp("accounts"))
+
+
+def install_chart_accounts(cluster, out) -> dict:
+    """`helm template`'s ServiceAccounts and RBAC applied to `cluster` (a tests.control_plane.ControlPlane), and a
+    kubeconfig per account written to the folder `out`."""
     import kubernetes
 
     from .chart.test_chart import docs, render
 
-    api = control_plane.api()
+    api = cluster.api()
     kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": CHART_NAMESPACE}})
     for doc in docs(render()):
         if doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
             kubernetes.utils.create_from_dict(api, doc, namespace=CHART_NAMESPACE)
-    out = tmp_path_factory.mktemp("accounts")
-    return {c: control_plane.service_account_kubeconfig(CHART_NAMESPACE, f"cp-chunkpilot-{c}", out / f"{c}.kubeconfig")
+    return {c: cluster.service_account_kubeconfig(CHART_NAMESPACE, f"cp-chunkpilot-{c}", out / f"{c}.kubeconfig")
             for c in ("operator", "tuner", "finalizer-cleanup")}
+
+
+def install_crd(cluster) -> None:
+    """The InferenceDeployment CRD, applied and Established."""
+    from pathlib import Path
+
+    import kubernetes
+    import yaml
+
+    from .engine.server_proc import wait_for
+
+    crd = yaml.safe_load((Path(__file__).parents[1] / "crds" / "inferencedeployments.chunkpilot.io.yaml").read_text())
+    ext = kubernetes.client.ApiextensionsV1Api(cluster.api())
+    ext.create_custom_resource_definition(crd)
+    name = crd["metadata"]["name"]
+
+    def established() -> bool:
+        got = ext.read_custom_resource_definition(name)
+        return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
+    assert wait_for(established, 30, poll=0.2), f"CRD {name} not established"
 
 
 CHART_NAMESPACE = "chunkpilot"  # where tests/chart/test_chart.py's `helm template` puts the chart

@@ -36,6 +36,10 @@ CACHE = Path(os.environ.get("CHUNKPILOT_CACHE", Path.home() / ".cache" / "chunkp
 HOW = ("bash scripts/system-deps.sh (Debian etcd-server) and bash scripts/kube-tools.sh (builds kube-apiserver "
        "and kube-controller-manager into ~/.cache/chunkpilot/kube)")
 ADMIN_TOKEN = "chunkpilot-test-admin"
+# The node's components, each as the identity a kubeadm cluster gives it (the bootstrap RBAC binds these users;
+# the Node authorizer scopes the kubelet to its own node and pods). tests/local_cluster.py uses them.
+COMPONENT_TOKENS = {"kube-scheduler": ("system:kube-scheduler", ""), "kube-proxy": ("system:kube-proxy", ""),
+                    "kubelet": ("system:node:chunkpilot-node", "system:nodes")}
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
                 "rules": [{"level": "Metadata"}]}
 
@@ -93,7 +97,9 @@ class ControlPlane:
         w = self.workdir
         if not (w / "sa.key").exists():
             subprocess.run([self.bin["openssl"], "genrsa", "-out", str(w / "sa.key"), "2048"], check=True, capture_output=True)
-        (w / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
+        (w / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n' + "".join(
+            f'chunkpilot-test-{c},{user},{c}-uid' + (f',"{groups}"' if groups else "") + "\n"
+            for c, (user, groups) in COMPONENT_TOKENS.items()))
         (w / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
 
     def start_etcd(self) -> None:
@@ -112,7 +118,7 @@ class ControlPlane:
             f"--cert-dir={w / 'certs'}", "--service-cluster-ip-range=10.96.0.0/16",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={w / 'sa.key'}", f"--service-account-signing-key-file={w / 'sa.key'}",
-            f"--token-auth-file={w / 'tokens.csv'}", "--authorization-mode=RBAC",
+            f"--token-auth-file={w / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
             f"--audit-policy-file={w / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json", "--audit-log-mode=blocking", "--profiling=false"])
         self._wait(self._readyz, "kube-apiserver", 90)
@@ -154,26 +160,44 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         try:
-            self._prepare()
-            self.start_etcd()
-            self.start_apiserver()
-            self.start_controller_manager()
-            # The controller manager is up when it made the default ServiceAccount (Pods need one to be admitted).
-            import kubernetes
-
-            core = kubernetes.client.CoreV1Api(self.api())
-
-            def default_account() -> bool:
-                return bool(core.list_namespaced_service_account("default").items)
-            self._wait(default_account, "kube-controller-manager", 90)
+            self._start()
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _start(self) -> None:
+        self._prepare()
+        self.start_etcd()
+        self.start_apiserver()
+        self.start_controller_manager()
+        # The controller manager is up when it made the default ServiceAccount (Pods need one to be admitted).
+        import kubernetes
+
+        core = kubernetes.client.CoreV1Api(self.api())
+
+        def default_account() -> bool:
+            return bool(core.list_namespaced_service_account("default").items)
+        self._wait(default_account, "kube-controller-manager", 90)
+
     def stop(self) -> None:
         for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
             stop_process(self.procs.pop(name, None), grace=15)
+
+    def component_kubeconfig(self, component: str) -> Path:
+        """A kubeconfig for one of COMPONENT_TOKENS' components, acting as its own user."""
+        user = COMPONENT_TOKENS[component][0]
+        return self._write_kubeconfig(self.workdir / f"{component}.kubeconfig", user, f"chunkpilot-test-{component}")
+
+    def serve_until_interrupted(self, banner: str) -> None:
+        """For the scripts humans run: print `banner`, then wait for Ctrl-C or for one of the processes to exit."""
+        print(banner, flush=True)
+        try:
+            while all(p.poll() is None for p in self.procs.values()):
+                time.sleep(1)
+            print("a cluster process exited; see its log", flush=True)
+        except KeyboardInterrupt:
+            pass
 
     def kill_apiserver(self) -> None:
         """SIGKILL, no clean shutdown: what a crashed control-plane node looks like to clients."""
@@ -251,14 +275,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="where certs, etcd data, logs and admin.kubeconfig go")
     args = parser.parse_args()
     with ControlPlane(args.workdir) as cp:
-        print(f"kube-apiserver {KUBE_VERSION} at {cp.url}\n  export KUBECONFIG={cp.kubeconfig}\n"
-              f"  logs and audit log in {cp.workdir}\nCtrl-C stops it.", flush=True)
-        try:
-            while all(p.poll() is None for p in cp.procs.values()):
-                time.sleep(1)
-            print("a control-plane process exited; see its log", flush=True)
-        except KeyboardInterrupt:
-            pass
+        cp.serve_until_interrupted(f"kube-apiserver {KUBE_VERSION} at {cp.url}\n  export KUBECONFIG={cp.kubeconfig}\n"
+                                   f"  logs and audit log in {cp.workdir}\nCtrl-C stops it.")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ from chunkpilot.tuner.child_process import free_port, stop_process, wait_http_re
 
 class PrometheusServer:
     def __init__(self, workdir: Path, targets: list[str] | dict[str, list[str]], *, job: str = "chunkpilot",
-                 scrape_interval: str = "1s", port: int | None = None, binary: str = "prometheus") -> None:
-        """targets: host:port list scraped as `job`, or {job: [host:port, ...]} for several jobs."""
+                 scrape_interval: str = "1s", port: int | None = None, binary: str = "prometheus",
+                 scrape_configs: list[dict] | None = None) -> None:
+        """targets: host:port list scraped as `job`, or {job: [host:port, ...]} for several jobs; or, instead,
+        `scrape_configs` as Prometheus takes them (e.g. Kubernetes service discovery)."""
         if shutil.which(binary) is None:
             raise FileNotFoundError(f"{binary} is not installed: `sudo apt-get install prometheus` "
                                     "(or put the binary from prometheus.io on PATH)")
@@ -27,8 +29,9 @@ class PrometheusServer:
         self.config = self.workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-            "scrape_configs": [{"job_name": name, "static_configs": [{"targets": hosts}]}
-                               for name, hosts in (targets if isinstance(targets, dict) else {job: targets}).items()],
+            "scrape_configs": scrape_configs or [
+                {"job_name": name, "static_configs": [{"targets": hosts}]}
+                for name, hosts in (targets if isinstance(targets, dict) else {job: targets}).items()],
         }))
         self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / "prometheus.log"

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The engine image, built without a registry or a container daemon, for the local cluster (scripts/local-cluster.sh)
+# and its tests. Where a registry is reachable, `docker build -f engine_image/Dockerfile .` is the way; this builds
+# the same image from Debian instead of the pytorch base image:
+#   layer 1: Debian bookworm (mmdebstrap) + python3 + the [engine] extra's packages from PyPI (torch from PyPI runs
+#            on the CPU) + the Dockerfile's user 10001 and /cache; cached by the hash of what decides it;
+#   layer 2: the Dockerfile's COPY sources in its WORKDIR, installed with pip (`pip install .`), as the Dockerfile does;
+#   config:  read from the Dockerfile's ENV, WORKDIR, USER, ENTRYPOINT, EXPOSE and VOLUME (scripts/oci_image.py).
+# Output: $CHUNKPILOT_CACHE/images/engine-<hash>.tar (an OCI image tarball named docker.io/chunkpilot/engine:local-<hash>)
+# and its name in $CHUNKPILOT_CACHE/images/engine.name; `ctr -n k8s.io images import` loads it.
+# Needs root (mmdebstrap, chroot, overlayfs) and the network to Debian's mirror and PyPI; the first build downloads
+# PyTorch (~4 GB with its CUDA libraries) into a pip cache under $CHUNKPILOT_CACHE/pip and takes 10-15 min, a change
+# to the project's code rebuilds layer 2 only (a minute).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+CACHE="${CHUNKPILOT_CACHE:-$HOME/.cache/chunkpilot}"
+OUT="$CACHE/images"
+DOCKERFILE=engine_image/Dockerfile
+SUITE=bookworm
+if [ "$(id -u)" != 0 ] || ! command -v mmdebstrap >/dev/null 2>&1; then
+    echo "warning: the engine image is built as root with mmdebstrap (apt-get install mmdebstrap); the local-cluster" \
+         "tests skip locally and fail in CI without it" >&2
+    exit 0
+fi
+mkdir -p "$OUT" "$CACHE/pip"
+hash_of() { sha256sum "$@" | sha256sum | cut -c1-12; }
+# The Dockerfile's COPY sources and its WORKDIR (the image's layout comes from the Dockerfile, not from here).
+mapfile -t COPIES < <(sed -n 's/^COPY \([^-].*\)$/\1/p' "$DOCKERFILE")
+WORKDIR=$(sed -n 's/^WORKDIR //p' "$DOCKERFILE" | tail -1)
+# Layer 1 depends on the Dockerfile, this script and the packages pyproject.toml names for the engine, not on the
+# rest of pyproject.toml (test settings, other extras).
+engine_deps=$(python3 -c 'import json, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print(json.dumps([p["requires-python"], p["dependencies"], p["optional-dependencies"]["engine"]]))')
+base_key=$( (cat "$DOCKERFILE" "${BASH_SOURCE[0]}"; echo "$engine_deps") | sha256sum | cut -c1-12)
+app_files=()
+for c in "${COPIES[@]}"; do
+    read -ra parts <<<"$c"
+    for src in "${parts[@]:0:${#parts[@]}-1}"; do
+        while IFS= read -r f; do app_files+=("$f"); done < <(git ls-files --cached --others --exclude-standard -- "$src")
+    done
+done
+app_key=$(hash_of "${app_files[@]}" scripts/oci_image.py)
+NAME="docker.io/chunkpilot/engine:local-$base_key-$app_key"
+TARBALL="$OUT/engine-$base_key-$app_key.tar"
+if [ -f "$TARBALL" ]; then
+    echo "$NAME" > "$OUT/engine.name"; echo "$TARBALL"; exit 0
+fi
+
+BASE="$OUT/engine-base-$base_key"
+if [ ! -f "$BASE/layer.tar" ]; then
+    echo "building the engine image's base layer in $BASE (one-time, 10-15 min: Debian $SUITE + PyTorch) ..." >&2
+    rm -rf "$BASE" && mkdir -p "$BASE"
+    # pip needs the project's metadata to resolve the [engine] extra: install it, then remove the project itself
+    # (layer 2 holds it, so a code change does not rebuild this layer).
+    mkdir -p "$BASE/src" && cp pyproject.toml README.md "$BASE/src/"
+    for c in "${COPIES[@]}"; do read -ra parts <<<"$c"; cp -r "${parts[@]:0:${#parts[@]}-1}" "$BASE/src/" 2>/dev/null || true; done
+    cp /etc/ssl/certs/ca-certificates.crt "$BASE/host-ca.crt"  # this host's trust (a proxy's CA), for pip only
+    mmdebstrap --mode=root --variant=minbase --include=python3,python3-pip,ca-certificates,passwd \
+        --customize-hook='mkdir -p "$1/tmp/src" "$1/tmp/pipcache" && cp -r '"$BASE/src"'/. "$1/tmp/src/" && cp '"$BASE/host-ca.crt"' "$1/tmp/host-ca.crt"' \
+        --customize-hook='mount --bind '"$CACHE/pip"' "$1/tmp/pipcache"' \
+        --customize-hook='chroot "$1" env PIP_CERT=/tmp/host-ca.crt SSL_CERT_FILE=/tmp/host-ca.crt REQUESTS_CA_BUNDLE=/tmp/host-ca.crt PIP_CACHE_DIR=/tmp/pipcache PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore sh -ec "pip install -q --upgrade pip; /usr/local/bin/pip install -q \"/tmp/src[engine]\"; /usr/local/bin/pip uninstall -q -y chunkpilot"' \
+        --customize-hook='umount "$1/tmp/pipcache"; rm -rf "$1/tmp/src" "$1/tmp/pipcache" "$1/tmp/host-ca.crt"' \
+        --customize-hook='chroot "$1" sh -ec "useradd --uid 10001 --create-home --home-dir /home/chunkpilot chunkpilot; mkdir -p /cache '"$WORKDIR"'; chown 10001:10001 /cache"' \
+        --customize-hook='rm -rf "$1/var/cache/apt/archives"/*.deb "$1/var/lib/apt/lists"/* "$1/root/.cache"' \
+        "$SUITE" "$BASE/rootfs" >&2
+    python3 scripts/oci_image.py layer "$BASE/rootfs" "$BASE/layer.tar.partial" >&2
+    mv "$BASE/layer.tar.partial" "$BASE/layer.tar" && mv "$BASE/layer.tar.partial.sha256" "$BASE/layer.tar.sha256"
+    rm -rf "$BASE/src" "$BASE/host-ca.crt"
+    find "$OUT" -maxdepth 1 -name 'engine-base-*' ! -name "engine-base-$base_key" -exec rm -rf {} +  # older bases
+fi
+
+echo "building the engine image's app layer ($app_key) ..." >&2
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/chunkpilot-image.XXXXXX")
+cleanup() {
+    for m in "$WORK/merged/proc" "$WORK/merged/tmp/pipcache" "$WORK/merged"; do mountpoint -q "$m" && umount "$m"; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+mkdir -p "$WORK/upper" "$WORK/work" "$WORK/merged"
+# overlayfs: what `pip install .` adds on top of layer 1 lands in upper/, which is exactly layer 2.
+mount -t overlay overlay -o "lowerdir=$BASE/rootfs,upperdir=$WORK/upper,workdir=$WORK/work" "$WORK/merged"
+mkdir -p "$WORK/merged$WORKDIR" "$WORK/merged/tmp/pipcache"
+cp pyproject.toml README.md "$WORK/merged$WORKDIR/"
+for c in "${COPIES[@]}"; do
+    read -ra parts <<<"$c"
+    for src in "${parts[@]:0:${#parts[@]}-1}"; do
+        [ "$src" = pyproject.toml ] || [ "$src" = README.md ] && continue
+        while IFS= read -r f; do
+            mkdir -p "$(dirname "$WORK/merged$WORKDIR/$f")" && cp -p "$f" "$WORK/merged$WORKDIR/$f"
+        done < <(git ls-files --cached --others --exclude-standard -- "$src")
+    done
+done
+cp /etc/ssl/certs/ca-certificates.crt "$WORK/host-ca.crt"
+mount -t proc proc "$WORK/merged/proc"
+mount --bind "$CACHE/pip" "$WORK/merged/tmp/pipcache"
+cp "$WORK/host-ca.crt" "$WORK/merged/tmp/host-ca.crt"
+cp /etc/resolv.conf "$WORK/merged/etc/resolv.conf"  # removed from the layer below
+chroot "$WORK/merged" env PIP_CERT=/tmp/host-ca.crt SSL_CERT_FILE=/tmp/host-ca.crt REQUESTS_CA_BUNDLE=/tmp/host-ca.crt PIP_CACHE_DIR=/tmp/pipcache PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1 \
+    sh -ec "cd $WORKDIR && /usr/local/bin/pip install -q --no-deps ." >&2
+umount "$WORK/merged/tmp/pipcache" "$WORK/merged/proc"
+rm -rf "$WORK/merged/tmp/"* "$WORK/merged/tmp/".[!.]* "$WORK/merged/root/.cache" 2>/dev/null || true
+umount "$WORK/merged"
+rm -rf "$WORK/upper/tmp" "$WORK/upper/root" "$WORK/upper/etc/resolv.conf"
+rmdir "$WORK/upper/etc" 2>/dev/null || true
+python3 scripts/oci_image.py layer "$WORK/upper" "$WORK/app.tar" >&2
+python3 scripts/oci_image.py image --dockerfile "$DOCKERFILE" --name "$NAME" --out "$TARBALL.partial" \
+    "$BASE/layer.tar" "$WORK/app.tar" >&2
+mv "$TARBALL.partial" "$TARBALL"
+find "$OUT" -maxdepth 1 -name 'engine-*.tar' ! -name "$(basename "$TARBALL")" -delete  # older app layers
+echo "$NAME" > "$OUT/engine.name"
+echo "$TARBALL"

@@ -1,0 +1,45 @@
+"""The local one-node cluster (tests/local_cluster.py) for the tests in this folder, once per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _unavailable(why: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory):
+    """A Ready node with the engine image of the current code loaded, and the InferenceDeployment CRD installed."""
+    from ..conftest import install_crd
+    from ..local_cluster import LocalCluster, engine_image, find_node_binaries
+
+    found = find_node_binaries()
+    if isinstance(found, str):
+        _unavailable(found)
+    image = engine_image()
+    if isinstance(image, str):
+        _unavailable(image)
+    with LocalCluster(tmp_path_factory.mktemp("node"), found, images=[image]) as cluster:
+        cluster.engine_image = image[0]
+        install_crd(cluster)
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def k8s_prometheus() -> str:
+    """Upstream's prometheus (scripts/go-tools.sh): Debian's is built without Kubernetes service discovery."""
+    from pathlib import Path
+
+    from ..control_plane import CACHE
+
+    path = CACHE / "bin" / "prometheus"
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        _unavailable(f"{path} not found: run bash scripts/go-tools.sh (Debian's prometheus has no Kubernetes "
+                     "service discovery)")
+    return str(path)

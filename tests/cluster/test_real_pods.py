@@ -1,0 +1,379 @@
+"""The first day of a cluster admin, on a real node: the operator's Deployment runs the engine image under a real
+kubelet (tests/local_cluster.py), and the tuner retunes it through the kubelet's ConfigMap volume sync.
+
+One InferenceDeployment goes through its life in order: applied (scheduled, started on /ready, answering through
+its Service), tuned (the tuner, as the chart's ServiceAccount, reads the pod through a real Prometheus that finds it
+by Kubernetes service discovery; the knobs reach the running container without a restart), and deleted (in-flight
+streams drain within the grace period). The operator and the tuner run as the chart's ServiceAccounts.
+
+Measured here (printed, and written to $CHUNKPILOT_CLUSTER_TIMINGS for bench/local_cluster.py): seconds from apply
+to the first token, and from a knob change in the ConfigMap to the engine applying it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from chunkpilot.contract import metric_names as m
+from chunkpilot.tuner.prometheus_server import PrometheusServer
+
+from ..conftest import install_chart_accounts
+from ..operator.operator_proc import Cluster, operator, sample, tuner
+
+pytestmark = pytest.mark.cluster
+NS = "first-day"
+NAME = "smol"
+SERVED = "smollm2"
+TIMINGS: dict[str, float] = {}
+
+
+def poll(fn, timeout: float, what: str, diagnose=lambda: "", interval: float = 0.5):
+    """fn() until it returns something truthy; fails with `what` and diagnostics after `timeout` seconds.
+    API errors while polling count as not yet (the object may not exist yet)."""
+    import kubernetes
+
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            got = fn()
+            if got:
+                return got
+        except (kubernetes.client.ApiException, OSError) as e:
+            last = e
+        time.sleep(interval)
+    pytest.fail(f"{what} not within {timeout:.0f}s (last error: {last})\n{diagnose()}")
+
+
+def engine_metrics(pod_ip: str) -> dict[str, float]:
+    """The engine's own /metrics, read from the pod's address (as Prometheus does): name{labels} -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://{pod_ip}:8000/metrics", timeout=5).read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name] = s.value
+    return out
+
+
+class GenerationWatch(threading.Thread):
+    """Notes when each knobs generation first shows in status.scheduler (the tuner's write), in the ConfigMap (the
+    operator's) and in the engine's /metrics (the kubelet synced the volume and the engine applied it), polling all
+    three every 0.25 s. Readers go through `first_seen`, under the lock."""
+
+    def __init__(self, stack: Stack, pod_ip: str) -> None:
+        super().__init__(daemon=True)
+        self.stack, self.pod_ip = stack, pod_ip
+        self.seen: dict[str, dict[int, float]] = {"status": {}, "configmap": {}, "engine": {}}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.25):
+            now = time.monotonic()
+            for where, read in (("status", lambda: self.stack.k.status(NS, NAME)["scheduler"]["generation"]),
+                                ("configmap", lambda: self.stack.k.knobs(NS, NAME)["generation"]),
+                                ("engine", lambda: engine_metrics(self.pod_ip)[m.SCHEDULER_GENERATION])):
+                try:
+                    gen = int(read())
+                except Exception:  # noqa: BLE001 - not there yet, or the pod going away: try again
+                    continue
+                with self.lock:
+                    self.seen[where].setdefault(gen, now)
+
+    def first_seen(self, where: str, gen: int) -> float | None:
+        with self.lock:
+            return self.seen[where].get(gen)
+
+    def generations(self, where: str) -> list[int]:
+        with self.lock:
+            return sorted(self.seen[where])
+
+
+class Stack:
+    """The cluster, the chart's controllers, Prometheus and the user's view of one InferenceDeployment."""
+
+    def __init__(self, cluster, k: Cluster, workdir: Path) -> None:
+        self.cluster, self.k, self.workdir = cluster, k, workdir
+        self.procs: list = []
+
+    def pod(self):
+        pods = self.k.core.list_namespaced_pod(NS, label_selector=f"app.kubernetes.io/instance={NAME}").items
+        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+        return live[0] if len(live) == 1 else None
+
+    def service_url(self) -> str:
+        return f"http://{self.k.core.read_namespaced_service(NAME, NS).spec.cluster_ip}:8000/v1"
+
+    def scraped(self) -> bool:
+        """Prometheus found the pod by service discovery and its last scrape succeeded."""
+        import urllib.parse
+
+        q = urllib.parse.quote(f'up{{namespace="{NS}",service="{NAME}"}}')
+        res = json.loads(urllib.request.urlopen(f"{self.prom.url}/api/v1/query?query={q}", timeout=5).read())
+        return [r["value"][1] for r in res["data"]["result"]] == ["1"]
+
+    def diagnose(self) -> str:
+        pod = self.pod()
+        parts = [f"pod: {pod.status if pod else None}", f"events: {self.k.events(NS, pod.metadata.name) if pod else ''}",
+                 f"resource events: {self.k.events(NS, NAME)}", f"status: {self.k.status(NS, NAME)}"]
+        if pod:
+            parts.append(self.cluster.pod_log(NS, pod.metadata.name))
+        for p in self.procs:
+            parts.append(f"--- {p.log_path.name}\n{p.log(3000)}")
+        parts.append(f"--- kubelet\n{self.cluster.log('kubelet', 3000)}")
+        return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def stack(local_cluster, k8s_prometheus, tmp_path_factory):
+    import kubernetes
+
+    work = tmp_path_factory.mktemp("first-day")
+    accounts = install_chart_accounts(local_cluster, work)
+    k = Cluster(local_cluster.api())
+    k.namespace(NS)
+    prom = PrometheusServer(work / "prom", [], scrape_interval="2s", binary=k8s_prometheus,
+                            scrape_configs=[prometheus_discovery(local_cluster, k, work)]).start()
+    model_dir = str(Path(os.environ.get("CHUNKPILOT_CACHE", Path.home() / ".cache" / "chunkpilot"))
+                    / "models" / "SmolLM2-135M-Instruct")
+    s = Stack(local_cluster, k, work)
+    s.prom = prom
+    s.model_dir = model_dir
+    op = operator(accounts["operator"], work, "--engine-image", local_cluster.engine_image,
+                  "--allowed-host-path", model_dir)
+    tn = tuner(accounts["tuner"], work, "--min-requests", "3", "--apply-timeout", "180")
+    tn.args[tn.args.index("--prometheus-url") + 1] = prom.url
+    s.procs = [op, tn]
+    try:
+        for p in s.procs:
+            p.start()
+        time.sleep(2)
+        for p in s.procs:
+            assert p.alive(), p.log()
+        yield s
+    finally:
+        if getattr(s, "watch", None) is not None:
+            s.watch.stopping.set()
+            s.watch.join(timeout=10)
+        for p in s.procs:
+            p.stop()
+        prom.stop()
+        try:
+            k.delete_namespace(NS, timeout=90)
+        except kubernetes.client.ApiException:
+            pass
+        if os.environ.get("CHUNKPILOT_CLUSTER_TIMINGS"):
+            Path(os.environ["CHUNKPILOT_CLUSTER_TIMINGS"]).write_text(json.dumps(TIMINGS, indent=2))
+
+
+def prometheus_discovery(cluster, k: Cluster, work: Path) -> dict:
+    """A scrape job that finds the engines the way a plain Prometheus in the cluster would: Kubernetes service
+    discovery of EndpointSlices (as its own ServiceAccount, with read-only RBAC), keeping the engine Services'
+    `metrics` port, labelled with namespace, service and pod (the labels the tuner's default selector uses, the
+    same a ServiceMonitor gives)."""
+    import kubernetes
+
+    k.namespace("monitoring")
+    k.core.create_namespaced_service_account("monitoring", {"metadata": {"name": "prometheus"}})
+    rbac = kubernetes.client.RbacAuthorizationV1Api(k.api)
+    rbac.create_cluster_role({"metadata": {"name": "prometheus"}, "rules": [
+        {"apiGroups": [""], "resources": ["services", "endpoints", "pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]})
+    rbac.create_cluster_role_binding({"metadata": {"name": "prometheus"},
+                                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                  "name": "prometheus"},
+                                      "subjects": [{"kind": "ServiceAccount", "name": "prometheus",
+                                                    "namespace": "monitoring"}]})
+    token = k.core.create_namespaced_service_account_token(
+        "prometheus", "monitoring", {"spec": {"expirationSeconds": 24 * 3600}}).status.token
+    (work / "prometheus.token").write_text(token)
+    return {
+        "job_name": "chunkpilot-engines",
+        "kubernetes_sd_configs": [{"role": "endpointslice", "api_server": cluster.url,
+                                   "authorization": {"credentials_file": str(work / "prometheus.token")},
+                                   "tls_config": {"ca_file": str(cluster.ca_file)},
+                                   "namespaces": {"names": [NS]}}],
+        "relabel_configs": [
+            {"source_labels": ["__meta_kubernetes_service_label_app_kubernetes_io_name",
+                               "__meta_kubernetes_endpointslice_port_name"],
+             "regex": "chunkpilot-engine;metrics", "action": "keep"},
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}],
+    }
+
+
+def chat(url: str, max_tokens: int, **extra):
+    """A streamed chat completion with the official client; returns the stream."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    return client.chat.completions.create(model=SERVED, messages=[{"role": "user", "content": "Tell me a story."}],
+                                          max_tokens=max_tokens, temperature=0, stream=True, extra_body=extra)
+
+
+def test_apply_runs_a_pod_that_answers_through_its_service(stack):
+    """Apply -> scheduled -> image unpacked, model mounted from the node -> startup probe passes on /ready -> the
+    Service routes a streamed chat completion to it. As the non-root user, on a read-only root filesystem."""
+    body = sample(NAME, NS, replicas=1, engine__resources={"gpus": 0}, engine__maxNumSeqs=8,
+                  model__source=f"hostpath://{stack.model_dir}", model__servedName=SERVED,
+                  scheduler__tokenBudget=64, scheduler__maxChunk=32,
+                  slo={"ttft": {"percentile": 0.99, "thresholdSeconds": 10.0},
+                       "itl": {"percentile": 0.99, "thresholdSeconds": 2.0}},
+                  tuning={"mode": "auto", "windowSeconds": 10, "warmupSeconds": 2, "maxTrials": 4,
+                          "bounds": {"tokenBudget": {"min": 16, "max": 256}, "maxChunk": {"min": 16, "max": 256}}},
+                  monitoring={"serviceMonitor": False})
+    t0 = time.monotonic()
+    stack.k.create(body)
+    pod = poll(lambda: (p := stack.pod()) and p.spec.node_name and p, 60, "the pod scheduled", stack.diagnose)
+    TIMINGS["apply_to_scheduled_s"] = time.monotonic() - t0
+    ready = poll(lambda: any(c.type == "Ready" and c.status == "True" for c in stack.pod().status.conditions or []),
+                 300, "the pod Ready (startup probe on /ready)", stack.diagnose)
+    assert ready
+    TIMINGS["apply_to_ready_s"] = time.monotonic() - t0
+    url = stack.service_url()
+
+    def first_token():
+        for chunk in chat(url, 8):
+            if chunk.choices and chunk.choices[0].delta.content:
+                return True
+    poll(first_token, 60, "a streamed token through the Service", stack.diagnose, interval=1)
+    TIMINGS["apply_to_first_token_s"] = time.monotonic() - t0
+    print(f"\napply -> scheduled {TIMINGS['apply_to_scheduled_s']:.1f} s, -> Ready "
+          f"{TIMINGS['apply_to_ready_s']:.1f} s, -> first token through the Service "
+          f"{TIMINGS['apply_to_first_token_s']:.1f} s")
+    text = "".join(c.choices[0].delta.content or "" for c in chat(url, 12) if c.choices)
+    assert text.strip()
+
+    # What the kubelet made of the pod's security context, read off the running process itself.
+    pod = stack.pod()
+    assert pod.status.container_statuses[0].restart_count == 0
+    cid = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
+    pid = next(int(line.split()[1]) for line in stack.cluster.ctr("tasks", "ls").splitlines()[1:]
+               if line.split()[0] == cid)
+    uids = next(line.split()[1:] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("Uid:"))
+    assert set(uids) == {"10001"}, uids
+    root = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                if line.split()[4] == "/")
+    assert "ro" in root[5].split(","), root  # readOnlyRootFilesystem
+    knobs = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                 if line.split()[4] == "/etc/chunkpilot")
+    assert "ro" in knobs[5].split(",")
+    stack.pod_uid = pod.metadata.uid
+    stack.watch = GenerationWatch(stack, pod.status.pod_ip)
+    stack.watch.start()
+    stack.first_generation = int(engine_metrics(pod.status.pod_ip)[m.SCHEDULER_GENERATION])
+
+
+def test_the_tuner_retunes_the_running_pod_through_the_configmap(stack):
+    """Load through the Service; the tuner measures it through Prometheus and writes new knobs to status; the
+    operator writes the ConfigMap; the kubelet syncs the volume; the engine applies them. The same container
+    throughout (no restart), and the engine's metrics carry the new generation."""
+    import openai
+
+    pod = stack.pod()
+    assert pod is not None and pod.metadata.uid == stack.pod_uid
+    poll(stack.scraped, 60, "Prometheus finding and scraping the pod", stack.diagnose)
+    first, watch = stack.first_generation, stack.watch
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def load():
+        url = stack.service_url()
+        while not stop.is_set():
+            try:
+                for _ in chat(url, 16):
+                    pass
+            except openai.APIError as e:  # noted, and failed on below
+                errors.append(str(e))
+                time.sleep(0.5)
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        gen = poll(lambda: next((g for g in watch.generations("engine") if g > first), None), 480,
+                   "the engine applying the tuner's knobs", stack.diagnose)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=150)
+    written, synced, applied = (watch.first_seen(w, gen) for w in ("status", "configmap", "engine"))
+    assert written is not None and synced is not None and applied is not None, watch.seen
+    TIMINGS["status_to_configmap_s"] = synced - written
+    TIMINGS["configmap_to_engine_s"] = applied - synced
+    st = stack.k.status(NS, NAME)["scheduler"]
+    knobs = stack.k.knobs(NS, NAME)
+    print(f"\nknobs generation {first} -> {gen} ({knobs['token_budget']}/{knobs['max_chunk']}): status -> ConfigMap "
+          f"{TIMINGS['status_to_configmap_s']:.1f} s (the operator), ConfigMap -> engine "
+          f"{TIMINGS['configmap_to_engine_s']:.1f} s (the kubelet's volume sync); {len(errors)} request errors")
+    assert st["source"] == "tuner" and st["generation"] >= gen
+    # the engine applied what the ConfigMap says under that generation, not just some file
+    metrics = engine_metrics(stack.pod().status.pod_ip)
+    if metrics[m.SCHEDULER_GENERATION] == knobs["generation"]:
+        assert (metrics[m.SCHEDULER_TOKEN_BUDGET], metrics[m.SCHEDULER_MAX_CHUNK]) == \
+            (knobs["token_budget"], knobs["max_chunk"])
+    assert metrics[m.SCHEDULER_GENERATION] >= gen
+    pod = stack.pod()
+    assert pod.metadata.uid == stack.pod_uid and pod.status.container_statuses[0].restart_count == 0
+    assert not errors, errors[:3]
+
+
+def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(stack):
+    """Delete the InferenceDeployment: the pod gets preStop, then SIGTERM. A stream that can finish within the
+    engine's grace period finishes; one that cannot is aborted with an error event the client reads (not a cut
+    connection); the pod is gone within the termination grace period."""
+    import openai
+
+    from chunkpilot.operator.builders import TERMINATION_GRACE_SECONDS
+
+    url = stack.service_url()
+    outcome: dict[str, object] = {}
+
+    def stream(key: str, max_tokens: int):
+        try:
+            n = 0
+            for c in chat(url, max_tokens, ignore_eos=True):
+                if c.choices and c.choices[0].delta.content:
+                    n += 1
+                    outcome.setdefault(f"{key}-first", time.monotonic())
+                if c.choices and c.choices[0].finish_reason:
+                    outcome[key] = c.choices[0].finish_reason
+            outcome.setdefault(key, f"ended without finish_reason after {n} tokens")
+        except openai.APIConnectionError as e:
+            outcome[key] = f"connection error: {e!r}"
+        except openai.APIError as e:
+            outcome[key] = f"error event: {e.message}"
+    short = threading.Thread(target=stream, args=("short", 40))
+    long = threading.Thread(target=stream, args=("long", 1900))  # ~2 min at this machine's step time
+    long.start()
+    short.start()
+    poll(lambda: "long-first" in outcome and "short-first" in outcome, 60, "both streams started", stack.diagnose)
+    pod = stack.pod()
+    t0 = time.monotonic()
+    stack.k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", NAME)
+    short.join(TERMINATION_GRACE_SECONDS + 30)
+    long.join(TERMINATION_GRACE_SECONDS + 30)
+
+    def gone():
+        try:
+            stack.k.core.read_namespaced_pod(pod.metadata.name, NS)
+            return False
+        except Exception:
+            return True
+    poll(gone, TERMINATION_GRACE_SECONDS + 30, "the pod deleted", stack.diagnose)
+    TIMINGS["delete_to_pod_gone_s"] = time.monotonic() - t0
+    print(f"\ndelete -> pod gone {TIMINGS['delete_to_pod_gone_s']:.1f} s; short stream: {outcome['short']}; "
+          f"long stream: {outcome['long']}")
+    assert outcome["short"] == "length", outcome
+    assert str(outcome["long"]).startswith("error event:") and "shutting down" in str(outcome["long"]), outcome
+    assert TIMINGS["delete_to_pod_gone_s"] < TERMINATION_GRACE_SECONDS + 10
