@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from chunkpilot.tuner.child_process import free_port, log_tail, stop_process
+from chunkpilot.tuner.child_process import die_with_parent, free_port, log_tail, stop_process
 
 KUBE_VERSION = os.environ.get("CHUNKPILOT_KUBE_VERSION", "v1.34.4")
 CACHE = Path(os.environ.get("CHUNKPILOT_CACHE", Path.home() / ".cache" / "chunkpilot"))
@@ -42,15 +42,6 @@ COMPONENT_TOKENS = {"kube-scheduler": ("system:kube-scheduler", ""), "kube-proxy
                     "kubelet": ("system:node:chunkpilot-node", "system:nodes")}
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
                 "rules": [{"level": "Metadata"}]}
-
-
-def die_with_parent() -> None:
-    """preexec_fn: the kernel sends SIGTERM to the child when the process that started it dies, so a pytest that
-    is killed outright (no fixture teardown) leaves no etcd, API server or controller behind."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def find_binaries() -> dict[str, str] | str:

@@ -102,7 +102,10 @@ class LocalCluster(ControlPlane):
         super().__init__(workdir, found)
         self.images = list(images)
         self.containerd_root = CACHE / "containerd"
-        self.sock = self.workdir / "containerd.sock"
+        # State and socket at fixed paths, as /run/containerd is: a containerd started after a killed run finds
+        # that run's shims (which outlive it) there and reattaches, so remove_containers can stop their containers.
+        self.containerd_run = Path("/run/chunkpilot-containerd")
+        self.sock = self.containerd_run / "containerd.sock"
         self.node_ip = primary_ip()
         self.pause = ""
 
@@ -148,7 +151,7 @@ class LocalCluster(ControlPlane):
         self.pause, pause_tar = pause_image(w, self.bin["catatonit"])
         (w / "containerd.toml").write_text(f"""version = 2
 root = "{self.containerd_root}"
-state = "{w / 'containerd-state'}"
+state = "{self.containerd_run / 'state'}"
 [grpc]
   address = "{self.sock}"
 [plugins."io.containerd.grpc.v1.cri"]

@@ -13,9 +13,10 @@ def _unavailable(why: str):
     pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory):
-    """A Ready node with the engine image of the current code loaded, and the InferenceDeployment CRD installed."""
+    """A Ready node with the engine image of the current code loaded, and the InferenceDeployment CRD installed.
+    Module scope: one module uses it, and the kubelet should not keep a core busy for the rest of the session."""
     from ..conftest import install_crd
     from ..local_cluster import LocalCluster, engine_image, find_node_binaries
 

@@ -13,6 +13,15 @@ import urllib.request
 from pathlib import Path
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the kernel sends SIGTERM to the child when the thread that started it ends (Linux), so a demo or
+    a pytest killed outright (no clean-up) leaves no Prometheus, etcd, API server or controller behind."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

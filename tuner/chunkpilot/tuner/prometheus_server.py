@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from chunkpilot.tuner.child_process import free_port, stop_process, wait_http_ready
+from chunkpilot.tuner.child_process import die_with_parent, free_port, stop_process, wait_http_ready
 
 
 class PrometheusServer:
@@ -41,7 +41,7 @@ class PrometheusServer:
         self.proc = subprocess.Popen(
             [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d"],
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         wait_http_ready(self.proc, self.url + "/-/ready", "prometheus", self.log_path, timeout)
         return self
 
