@@ -8,9 +8,10 @@
 #   config:  read from the Dockerfile's ENV, WORKDIR, USER, ENTRYPOINT, EXPOSE and VOLUME (scripts/oci_image.py).
 # Output: $CHUNKPILOT_CACHE/images/engine-<hash>.tar (an OCI image tarball named docker.io/chunkpilot/engine:local-<hash>)
 # and its name in $CHUNKPILOT_CACHE/images/engine.name; `ctr -n k8s.io images import` loads it.
-# Needs root (mmdebstrap, chroot, overlayfs) and the network to Debian's mirror and PyPI; the first build downloads
-# PyTorch (~4 GB with its CUDA libraries) into a pip cache under $CHUNKPILOT_CACHE/pip and takes 10-15 min, a change
-# to the project's code rebuilds layer 2 only (a minute).
+# Needs root (mmdebstrap, chroot, overlayfs) and the network to Debian's mirror and PyPI; layer 1 downloads PyTorch
+# (~4 GB with its CUDA libraries; kept in a pip cache under $CHUNKPILOT_CACHE/pip where the index lets pip cache:
+# this workplace's proxy does not, so each layer-1 build downloads again) and took 2-4 min here; a change to the
+# project's code rebuilds layer 2 only (a minute).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CACHE="${CHUNKPILOT_CACHE:-$HOME/.cache/chunkpilot}"
@@ -23,6 +24,12 @@ if [ "$(id -u)" != 0 ] || ! command -v mmdebstrap >/dev/null 2>&1; then
     exit 0
 fi
 mkdir -p "$OUT" "$CACHE/pip"
+# pip inside the image's root: a clean environment (none of this host's PIP_* settings), this host's CA bundle (a
+# proxy's CA may sit in it; Debian's pip reads SSL_CERT_FILE), and a download cache that outlives the build (one hook:
+# a bind mount does not outlive the hook that made it).
+PIP_ENV="PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root PIP_CERT=/tmp/host-ca.crt \
+SSL_CERT_FILE=/tmp/host-ca.crt REQUESTS_CA_BUNDLE=/tmp/host-ca.crt PIP_CACHE_DIR=/tmp/pipcache \
+PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1 PIP_DISABLE_PIP_VERSION_CHECK=1"
 hash_of() { sha256sum "$@" | sha256sum | cut -c1-12; }
 # The Dockerfile's COPY sources and its WORKDIR (the image's layout comes from the Dockerfile, not from here).
 mapfile -t COPIES < <(sed -n 's/^COPY \([^-].*\)$/\1/p' "$DOCKERFILE")
@@ -48,7 +55,7 @@ fi
 
 BASE="$OUT/engine-base-$base_key"
 if [ ! -f "$BASE/layer.tar" ]; then
-    echo "building the engine image's base layer in $BASE (one-time, 10-15 min: Debian $SUITE + PyTorch) ..." >&2
+    echo "building the engine image's base layer in $BASE (Debian $SUITE + PyTorch from PyPI: minutes) ..." >&2
     rm -rf "$BASE" && mkdir -p "$BASE"
     # pip needs the project's metadata to resolve the [engine] extra: install it, then remove the project itself
     # (layer 2 holds it, so a code change does not rebuild this layer).
@@ -56,10 +63,7 @@ if [ ! -f "$BASE/layer.tar" ]; then
     for c in "${COPIES[@]}"; do read -ra parts <<<"$c"; cp -r "${parts[@]:0:${#parts[@]}-1}" "$BASE/src/" 2>/dev/null || true; done
     cp /etc/ssl/certs/ca-certificates.crt "$BASE/host-ca.crt"  # this host's trust (a proxy's CA), for pip only
     mmdebstrap --mode=root --variant=minbase --include=python3,python3-pip,ca-certificates,passwd \
-        --customize-hook='mkdir -p "$1/tmp/src" "$1/tmp/pipcache" && cp -r '"$BASE/src"'/. "$1/tmp/src/" && cp '"$BASE/host-ca.crt"' "$1/tmp/host-ca.crt"' \
-        --customize-hook='mount --bind '"$CACHE/pip"' "$1/tmp/pipcache"' \
-        --customize-hook='chroot "$1" env PIP_CERT=/tmp/host-ca.crt SSL_CERT_FILE=/tmp/host-ca.crt REQUESTS_CA_BUNDLE=/tmp/host-ca.crt PIP_CACHE_DIR=/tmp/pipcache PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore sh -ec "pip install -q --upgrade pip; /usr/local/bin/pip install -q \"/tmp/src[engine]\"; /usr/local/bin/pip uninstall -q -y chunkpilot"' \
-        --customize-hook='umount "$1/tmp/pipcache"; rm -rf "$1/tmp/src" "$1/tmp/pipcache" "$1/tmp/host-ca.crt"' \
+        --customize-hook='mkdir -p "$1/tmp/src" "$1/tmp/pipcache" && cp -r '"$BASE/src"'/. "$1/tmp/src/" && cp '"$BASE/host-ca.crt"' "$1/tmp/host-ca.crt" && mount --bind '"$CACHE/pip"' "$1/tmp/pipcache" && { chroot "$1" env -i '"$PIP_ENV"' sh -ec "pip install -q --upgrade pip; /usr/local/bin/pip install -q \"/tmp/src[engine]\"; /usr/local/bin/pip uninstall -q -y chunkpilot"; rc=$?; umount "$1/tmp/pipcache"; rm -rf "$1/tmp/src" "$1/tmp/pipcache" "$1/tmp/host-ca.crt"; exit $rc; }' \
         --customize-hook='chroot "$1" sh -ec "useradd --uid 10001 --create-home --home-dir /home/chunkpilot chunkpilot; mkdir -p /cache '"$WORKDIR"'; chown 10001:10001 /cache"' \
         --customize-hook='rm -rf "$1/var/cache/apt/archives"/*.deb "$1/var/lib/apt/lists"/* "$1/root/.cache"' \
         "$SUITE" "$BASE/rootfs" >&2
@@ -95,9 +99,8 @@ mount -t proc proc "$WORK/merged/proc"
 mount --bind "$CACHE/pip" "$WORK/merged/tmp/pipcache"
 cp "$WORK/host-ca.crt" "$WORK/merged/tmp/host-ca.crt"
 cp /etc/resolv.conf "$WORK/merged/etc/resolv.conf"  # removed from the layer below
-chroot "$WORK/merged" env PIP_CERT=/tmp/host-ca.crt SSL_CERT_FILE=/tmp/host-ca.crt REQUESTS_CA_BUNDLE=/tmp/host-ca.crt PIP_CACHE_DIR=/tmp/pipcache PIP_BREAK_SYSTEM_PACKAGES=1 \
-    PIP_ROOT_USER_ACTION=ignore PIP_NO_WARN_SCRIPT_LOCATION=1 \
-    sh -ec "cd $WORKDIR && /usr/local/bin/pip install -q --no-deps ." >&2
+# shellcheck disable=SC2086  # PIP_ENV is a list of assignments
+chroot "$WORK/merged" env -i $PIP_ENV sh -ec "cd $WORKDIR && /usr/local/bin/pip install -q --no-deps ." >&2
 umount "$WORK/merged/tmp/pipcache" "$WORK/merged/proc"
 rm -rf "$WORK/merged/tmp/"* "$WORK/merged/tmp/".[!.]* "$WORK/merged/root/.cache" 2>/dev/null || true
 umount "$WORK/merged"
