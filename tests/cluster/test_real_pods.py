@@ -255,6 +255,10 @@ def test_apply_runs_a_pod_that_answers_through_its_service(stack):
           f"{TIMINGS['apply_to_first_token_s']:.1f} s")
     text = "".join(c.choices[0].delta.content or "" for c in chat(url, 12) if c.choices)
     assert text.strip()
+    # what `kubectl get infd` shows the admin: Ready from the operator, mirrored from the real Deployment status
+    poll(lambda: stack.k.cond(NS, NAME, "Ready").get("status") == "True", 60, "the InferenceDeployment Ready",
+         stack.diagnose)
+    assert stack.k.status(NS, NAME).get("readyReplicas") == 1
 
     # What the kubelet made of the pod's security context, read off the running process itself.
     pod = stack.pod()
