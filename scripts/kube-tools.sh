@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # A real Kubernetes cluster for the tests: kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and
-# kubelet built
-# from k8s.io/kubernetes (Go module proxy) and cached in $CHUNKPILOT_CACHE/kube/$VERSION (default
+# kubelet built from k8s.io/kubernetes (Go module proxy) and cached in $CHUNKPILOT_CACHE/kube/$VERSION (default
 # ~/.cache/chunkpilot/kube/v1.34.4), never in the repository; etcd, containerd, runc and the CNI plugins from Debian
 # (scripts/system-deps.sh). Only the binaries missing from the cache are built.
 #

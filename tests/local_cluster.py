@@ -8,9 +8,10 @@ Needs root (containerd, runc, iptables, mounts). Binaries: containerd, runc, the
 Debian (scripts/system-deps.sh); kube-scheduler, kube-proxy and kubelet v1.34.4 built by scripts/kube-tools.sh;
 the engine image built by scripts/engine-image.sh. Humans get the same cluster with `bash scripts/local-cluster.sh`.
 
-Images are imported once into containerd's content store under the cache ($CHUNKPILOT_CACHE/containerd, keyed by
-nothing but the image names), so a test session does not re-import the 5 GB engine image; every container there
-is removed when the cluster starts and stops.
+Images are imported once into containerd's content store under the cache ($CHUNKPILOT_CACHE/containerd; the image
+names carry the hash of what built them), so a test session does not re-import the 6 GB engine image; every
+container there is removed when the cluster starts and stops. One local cluster runs at a time on a machine (the
+store and containerd's socket are shared).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def engine_image() -> tuple[str, Path] | str:
 
 
 def pause_image(workdir: Path, catatonit: str) -> tuple[str, Path]:
-    """The sandbox image, from scripts/pause-image/Dockerfile and Debian's catatonit (a few hundred KB)."""
+    """The sandbox image, from scripts/pause-image/Dockerfile and Debian's catatonit (one static binary)."""
     digest = hashlib.sha256(Path(catatonit).read_bytes() + (ROOT / "scripts/pause-image/Dockerfile").read_bytes())
     name = f"docker.io/chunkpilot/pause:local-{digest.hexdigest()[:12]}"
     out = workdir / "pause.tar"

@@ -92,3 +92,36 @@ def test_the_engine_image_carries_the_engine_and_its_contracts(tmp_path):
 
     names = zipfile.ZipFile(_built_from(ROOT / "engine_image" / "Dockerfile", tmp_path)).namelist()
     assert "chunkpilot/engine/llm_engine.py" in names and "chunkpilot/contract/metric_names.py" in names
+
+
+def test_the_local_image_config_is_read_from_the_dockerfiles_last_stage():
+    """scripts/oci_image.py gives the registry-free engine image (and the pause image) the config its Dockerfile
+    sets: only the last stage counts, continued lines and quoted values are read as docker reads them."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from oci_image import DEFAULT_PATH, dockerfile_config
+
+    conf = dockerfile_config('''
+FROM python:3.12 AS build
+ENV BUILD_ONLY=1
+USER 0
+FROM debian:bookworm
+# a comment
+ENV A=1 \\
+    B="two words" \\
+    HOME=/tmp
+WORKDIR /opt/app
+EXPOSE 8000 9090/udp
+VOLUME ["/cache"]
+VOLUME /data
+USER 10001
+ENTRYPOINT ["app", "serve"]
+CMD ["--port", "8000"]
+''')
+    assert conf["Env"] == [f"PATH={DEFAULT_PATH}", "A=1", "B=two words", "HOME=/tmp"]
+    assert conf["User"] == "10001" and conf["WorkingDir"] == "/opt/app"
+    assert conf["ExposedPorts"] == {"8000/tcp": {}, "9090/udp": {}}
+    assert conf["Volumes"] == {"/cache": {}, "/data": {}}
+    assert conf["Entrypoint"] == ["app", "serve"] and conf["Cmd"] == ["--port", "8000"]
+    engine = dockerfile_config((ROOT / "engine_image" / "Dockerfile").read_text())
+    assert engine["Entrypoint"] == ["chunkpilot", "engine", "serve"] and engine["User"] == "10001"
+    assert {"HOME=/tmp", "CHUNKPILOT_CACHE=/cache", "CHUNKPILOT_PORT=8000"} <= set(engine["Env"])

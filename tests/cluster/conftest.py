@@ -1,4 +1,4 @@
-"""The local one-node cluster (tests/local_cluster.py) for the tests in this folder, once per session."""
+"""The local one-node cluster (tests/local_cluster.py) for the tests in this folder, and the Prometheus they need."""
 
 from __future__ import annotations
 

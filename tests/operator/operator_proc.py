@@ -68,9 +68,10 @@ def operator(kubeconfig: Path, workdir: Path, *args: str) -> ControllerProcess:
                              "--liveness", f"http://127.0.0.1:{free_port()}/healthz", *args)
 
 
-def tuner(kubeconfig: Path, workdir: Path, *args: str) -> ControllerProcess:
+def tuner(kubeconfig: Path, workdir: Path, *args: str, prometheus_url: str = "http://127.0.0.1:1") -> ControllerProcess:
+    """The tuner in cluster mode; by default its Prometheus is unreachable (a port nothing listens on)."""
     return ControllerProcess(kubeconfig, workdir / "tuner.log", "tuner", "run", "--prometheus-url",
-                             "http://127.0.0.1:1", "--metrics-port", "0", "--liveness", "",
+                             prometheus_url, "--metrics-port", "0", "--liveness", "",
                              "--storage", f"sqlite:///{workdir / 'study.db'}", *args)
 
 

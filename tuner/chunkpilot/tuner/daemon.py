@@ -101,28 +101,36 @@ class StatusWriter:
     def __init__(self, kube: Kube, namespace: str, name: str) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
 
+    def _read_modify_write(self, make_patch, what: str, attempts: int) -> bool:
+        """Read the resource, patch its status with make_patch(raw) against the resourceVersion read, and retry on
+        conflicts. False when the resource is gone or every attempt conflicted."""
+        for _ in range(attempts):
+            raw = self.kube.read_inference_deployment(self.namespace, self.name)
+            if raw is None:
+                return False
+            try:
+                self.kube.patch_status(self.namespace, self.name, make_patch(raw),
+                                       raw["metadata"].get("resourceVersion"))
+                return True
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        log.warning("%s of %s/%s not written after %d conflicts", what, self.namespace, self.name, attempts)
+        return False
+
     def write(self, *, tuning: TuningStatus | None = None, slo: SLOStatus | None = None,
               autoscaling: AutoscalingStatus | None = None, tuner_conditions: list[Condition] | None = None,
               attempts: int = 5) -> None:
         """The tuner's report (the knobs go through write_knobs, which owns their generation)."""
         part = {key: dump(model) for key, model in (("tuning", tuning), ("slo", slo), ("autoscaling", autoscaling))
                 if model is not None}
-        for _ in range(attempts):
-            raw = self.kube.read_inference_deployment(self.namespace, self.name)
-            if raw is None:
-                return
-            patch = dict(part)
-            if tuner_conditions is not None:
-                patch["conditions"] = merge_conditions((raw.get("status") or {}).get("conditions") or [],
-                                                       tuner_conditions, now_rfc3339())
-            try:
-                self.kube.patch_status(self.namespace, self.name, patch, raw["metadata"].get("resourceVersion"))
-                return
-            except ApiException as e:
-                if e.status != 409:
-                    raise
-        log.warning("status of %s/%s not written after %d conflicts", self.namespace, self.name, attempts)
 
+        def patch(raw: dict) -> dict:
+            if tuner_conditions is None:
+                return part
+            return {**part, "conditions": merge_conditions((raw.get("status") or {}).get("conditions") or [],
+                                                           tuner_conditions, now_rfc3339())}
+        self._read_modify_write(patch, "status", attempts)
 
     def write_knobs(self, knobs: Knobs, newer_than: int, attempts: int = 5) -> int:
         """status.scheduler = the tuner's knobs, under a generation newer than `newer_than` and than the one in
@@ -131,20 +139,13 @@ class StatusWriter:
         from its own read, the tuner wrote different knobs under that same generation 1, and "every pod reports
         generation 1" then proved nothing (seen on a real kubelet). Returns the generation written."""
         generation = newer_than + 1
-        for _ in range(attempts):
-            raw = self.kube.read_inference_deployment(self.namespace, self.name)
-            if raw is None:
-                return generation
+
+        def patch(raw: dict) -> dict:
+            nonlocal generation
             st = status_scheduler(raw)
             generation = max(newer_than, st.generation if st is not None else 0) + 1
-            part = {"scheduler": dump(SchedulerStatus.of(knobs, source="tuner", generation=generation))}
-            try:
-                self.kube.patch_status(self.namespace, self.name, part, raw["metadata"].get("resourceVersion"))
-                return generation
-            except ApiException as e:
-                if e.status != 409:
-                    raise
-        log.warning("knobs of %s/%s not written after %d conflicts", self.namespace, self.name, attempts)
+            return {"scheduler": dump(SchedulerStatus.of(knobs, source="tuner", generation=generation))}
+        self._read_modify_write(patch, "knobs", attempts)
         return generation
 
 
