@@ -80,3 +80,49 @@ def test_admission_refuses_what_the_operator_policy_refuses(policy):
         if (message is None) != admitted:
             disagree.append((case, message))
     assert not disagree, disagree
+
+
+def test_an_object_stored_before_the_policy_stays_deletable(control_plane):
+    """An object the policy would refuse, stored before the policy existed (or before a stricter one), must not get
+    stuck: taking its finalizer off and deleting it pass; only writing a spec is judged."""
+    text = subprocess.run(
+        [helm(), "template", "cp", str(CHART), "--kube-version", "1.34.4", "--show-only",
+         "templates/admission-policy.yaml", *HELM_SETS],
+        capture_output=True, text=True, check=True).stdout
+    vap, binding = [d for d in yaml.safe_load_all(text) if d]
+    ns = "vap-legacy"
+    vap["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = "legacy-check"
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+    k = Cluster(control_plane.api())
+    k.namespace(ns)
+    old = sample("old", ns, model__source="hostpath:///etc")
+    old["metadata"]["finalizers"] = ["tuner.chunkpilot.io/finalizer"]  # what tuners of earlier versions left
+    k.create(old)
+    adm = kubernetes.client.AdmissionregistrationV1Api(control_plane.api())
+    adm.create_validating_admission_policy(vap)
+    adm.create_validating_admission_policy_binding(binding)
+    try:
+        assert wait_for(lambda: refusal_in(k, ns, sample("probe", ns, model__source="hostpath:///etc")), 30)
+        # a spec written is judged, even on the old object
+        with pytest.raises(kubernetes.client.ApiException) as e:
+            k.patch("old", {"spec": {"replicas": 3}}, ns)
+        assert "host path /etc is not allowed" in e.value.body
+        # kopf's bookkeeping and the hook's finalizer removal leave the spec alone: admitted
+        k.patch("old", {"metadata": {"annotations": {"chunkpilot.io/last-handled-configuration": "{}"}}}, ns)
+        k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", ns, "inferencedeployments", "old")
+        k.patch("old", {"metadata": {"finalizers": None}}, ns)
+        assert wait_for(lambda: k.get("inferencedeployments", ns, "old") is None, 30)
+    finally:
+        adm.delete_validating_admission_policy_binding("legacy-check")
+        adm.delete_validating_admission_policy("legacy-check")
+        k.delete_namespace(ns, drop_finalizers=True)  # a failure above may leave the old object's finalizer
+
+
+def refusal_in(k: Cluster, ns: str, body: dict) -> bool:
+    try:
+        k.create(body)
+    except kubernetes.client.ApiException:
+        return True
+    k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", ns, "inferencedeployments",
+                                             body["metadata"]["name"])
+    return False

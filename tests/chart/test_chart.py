@@ -23,6 +23,8 @@ CHART = ROOT / "helm" / "chunkpilot"
 VALUES = sorted((Path(__file__).parent / "values").glob("*.yaml"))
 KUBE_VERSIONS = ["1.29.0", "1.33.0"]
 GO_TOOLS = "bash scripts/go-tools.sh (builds them with `go install` into ~/.cache/chunkpilot/bin)"
+# image.repository has no default (nobody publishes the images): every render names one, as an admin must.
+REPOSITORY = ["--set", "image.repository=registry.example/chunkpilot"]
 
 
 def helm() -> str:
@@ -30,7 +32,8 @@ def helm() -> str:
 
 
 def render(values: Path | None = None, *extra: str, kube_version: str = "1.31.0") -> str:
-    cmd = [helm(), "template", "cp", str(CHART), "--namespace", "chunkpilot", "--kube-version", kube_version, *extra]
+    cmd = [helm(), "template", "cp", str(CHART), "--namespace", "chunkpilot", "--kube-version", kube_version,
+           *REPOSITORY, *extra]
     if values:
         cmd += ["-f", str(values)]
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -50,7 +53,8 @@ def test_chart_crd_is_the_committed_crd():
 
 @pytest.mark.parametrize("values", [None, *VALUES], ids=lambda v: v.stem if v else "default")
 def test_helm_lint_strict(values):
-    cmd = [helm(), "lint", "--strict", str(CHART), "--kube-version", "1.31.0"] + (["-f", str(values)] if values else [])
+    cmd = [helm(), "lint", "--strict", str(CHART), "--kube-version", "1.31.0", *REPOSITORY] + \
+        (["-f", str(values)] if values else [])
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -65,18 +69,19 @@ class SchemaStore:
     """kubeconform schema locations. Kubernetes' schemas come from the kubernetes-validate package (nothing can be
     downloaded here); its files point into a shared _definitions.json by absolute `$ref`s kubeconform cannot
     follow, so each kind we render gets a self-contained copy (its definitions inlined). Our CRD's schema is
-    written from crds/."""
+    written from the chart's crds/ (ours and kopf's peering CRDs)."""
 
     def __init__(self, root: Path) -> None:
         import kubernetes_validate
 
         self.src = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
         self.root = root
-        crd = yaml.safe_load((ROOT / "crds" / "inferencedeployments.chunkpilot.io.yaml").read_text())
         (root / "crds").mkdir()
-        for version in crd["spec"]["versions"]:
-            (root / "crds" / f"{crd['spec']['names']['kind'].lower()}_{version['name']}.json").write_text(
-                json.dumps(version["schema"]["openAPIV3Schema"]))
+        for path in sorted((CHART / "crds").glob("*.yaml")):  # ours, and kopf's peering CRDs
+            for crd in yaml.safe_load_all(path.read_text()):
+                for version in crd["spec"]["versions"]:
+                    (root / "crds" / f"{crd['spec']['names']['kind'].lower()}_{version['name']}.json").write_text(
+                        json.dumps(version["schema"]["openAPIV3Schema"]))
 
     def prepare(self, text: str, kube_version: str) -> list[str]:
         folder = f"v{kube_version}-local-strict"
@@ -123,9 +128,10 @@ def test_rendered_chart_passes_kubeconform_strict(values, kube_version, schemas)
 
 
 def test_samples_pass_kubeconform_with_the_crd_schema(schemas):
-    samples = "\n---\n".join(p.read_text() for p in sorted((ROOT / "crds" / "samples").glob("*.yaml")))
+    files = sorted((ROOT / "crds" / "samples").glob("*.yaml"))
+    samples = "\n---\n".join(p.read_text() for p in files)
     res = kubeconform(samples, schemas, "1.31.0")
-    assert res.returncode == 0 and "Valid: 2" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and f"Valid: {len(files)}," in res.stdout, res.stdout + res.stderr
     bad = samples.replace("replicas: 2", "replicas: two", 1)
     assert kubeconform(bad, schemas, "1.31.0").returncode != 0  # the CRD schema is really applied
 
@@ -153,7 +159,8 @@ def test_pods_run_restricted_and_the_study_survives_uninstall():
 
 
 def rules_file(tmp_path: Path) -> Path:
-    objs = docs(render(None, "--set", "monitoring.prometheusRule.enabled=true"))
+    objs = docs(render(None, "--set", "monitoring.prometheusRule.enabled=true",
+                       "--set", "monitoring.serviceMonitor.enabled=true"))
     rule = next(o for o in objs if o["kind"] == "PrometheusRule")
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump(rule["spec"]))
@@ -257,3 +264,153 @@ def test_the_charts_arguments_are_what_the_commands_accept(monkeypatch, sets, po
     res = CliRunner().invoke(app, ["tuner", "run", *tuner_args])
     assert res.exit_code == 0, res.output
     assert seen["tuner"].apply_timeout == 180
+
+
+# -- what a cluster admin meets on the first day (issue: `helm install` for real) --------------------------------------
+
+def helm_fails(*args: str) -> str:
+    """helm template's error output for values it must refuse."""
+    res = subprocess.run([helm(), "template", "cp", str(CHART), "--namespace", "chunkpilot", "--kube-version", "1.31.0",
+                          *args],
+                         capture_output=True, text=True)
+    assert res.returncode != 0, res.stdout[:500]
+    return res.stderr
+
+
+def test_an_install_without_an_image_repository_is_refused_naming_the_value():
+    """No public registry serves the images: a default that nobody serves would end in ImagePullBackOff and a
+    release failed after 5 minutes. The chart refuses at once and says what to set."""
+    err = helm_fails()
+    assert "image.repository is empty" in err and "--set image.repository=" in err and "docs/helm.md" in err
+
+
+def test_every_service_monitor_carries_the_release_label_and_the_admins_labels(monkeypatch):
+    """kube-prometheus-stack's Prometheus selects monitors by `release: <its release>`. The tuner's ServiceMonitor
+    and the engines' (made by the operator, from its arguments) carry it and the admin's extra labels; the tuner's
+    keeps its series' own namespace label (honorLabels)."""
+    from typer.testing import CliRunner
+
+    from chunkpilot.api.types import InferenceDeployment
+    from chunkpilot.cli.main import app
+    from chunkpilot.operator import builders, handlers
+
+    text = render(None, "--set", "monitoring.serviceMonitor.enabled=true",
+                  "--set", "monitoring.serviceMonitor.labels.team=ml", "--set", "monitoring.prometheusRule.enabled=true")
+    objs = docs(text)
+    sm = next(o for o in objs if o["kind"] == "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack" and sm["metadata"]["labels"]["team"] == "ml"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    rule = next(o for o in objs if o["kind"] == "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    args = _args(text, "operator")
+    assert "--service-monitor-label=release=kube-prometheus-stack" in args and "--service-monitor-label=team=ml" in args
+    seen = {}
+    monkeypatch.setattr(handlers, "run", lambda config: seen.setdefault("operator", config))
+    import signal
+
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    res = CliRunner().invoke(app, ["operator", "run", *args])
+    assert res.exit_code == 0, res.output
+    settings = seen["operator"].engine
+    obj = InferenceDeployment.model_validate(yaml.safe_load((ROOT / "crds" / "samples" / "smollm2.yaml").read_text())
+                                             | {"metadata": {"name": "llm", "namespace": "team", "uid": "u1"}})
+    engine_sm = builders.service_monitor(obj, settings)
+    assert engine_sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert engine_sm["metadata"]["labels"]["team"] == "ml"
+    assert engine_sm["metadata"]["labels"]["app.kubernetes.io/instance"] == "llm"  # the selector's own labels stay
+    # an admin who selects by their own labels only
+    text = render(None, "--set", "monitoring.prometheus.release=", "--set", "monitoring.serviceMonitor.enabled=true")
+    assert not any(a.startswith("--service-monitor-label") for a in _args(text, "operator"))
+    sm = next(o for o in docs(text) if o["kind"] == "ServiceMonitor")
+    assert "release" not in sm["metadata"]["labels"]
+    res = CliRunner().invoke(app, ["operator", "run", "--service-monitor-label", "no-equals-sign"])
+    assert res.exit_code == 2 and "KEY=VALUE" in res.output
+
+
+def test_the_prometheus_namespace_is_one_value():
+    """The engine NetworkPolicy admits the Prometheus namespace the tuner reads from, from one value."""
+    text = render(None, "--set", "monitoring.prometheus.namespace=obs")
+    assert "--prometheus-url=http://prometheus-operated.obs.svc:9090" in _args(text, "tuner")
+    assert "--network-policy-namespace=obs" in _args(text, "operator")
+    assert "--network-policy-namespace=monitoring" not in _args(text, "operator")
+    text = render(None, "--set", "tuner.prometheusUrl=http://prom.example:9090",
+                  "--set", "operator.engineNetworkPolicy.allowNamespaces={gateway}")
+    assert "--prometheus-url=http://prom.example:9090" in _args(text, "tuner")
+    assert {"--network-policy-namespace=monitoring", "--network-policy-namespace=gateway"} <= set(_args(text, "operator"))
+
+
+def test_the_tuner_down_alert_is_there_only_when_something_scrapes_the_tuner():
+    def alerts(*sets: str) -> set[str]:
+        rule = next(o for o in docs(render(None, "--set", "monitoring.prometheusRule.enabled=true", *sets))
+                    if o["kind"] == "PrometheusRule")
+        return {r.get("alert") for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert "ChunkpilotTunerDown" not in alerts()
+    assert "ChunkpilotTunerDown" in alerts("--set", "monitoring.serviceMonitor.enabled=true")
+    assert "ChunkpilotTunerDown" not in alerts("--set", "monitoring.serviceMonitor.enabled=true",
+                                               "--set", "tuner.enabled=false")
+    assert "ChunkpilotEnginePodNotScraped" in alerts() or len(alerts()) > 3  # the rest stays
+
+
+def test_the_hook_gives_up_its_rights_on_failure_and_fails_within_its_deadline():
+    hooks = [o for o in docs(render()) if "helm.sh/hook" in (o["metadata"].get("annotations") or {})
+             and "post-install" in o["metadata"]["annotations"]["helm.sh/hook"]]
+    assert {o["kind"] for o in hooks} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+    for o in hooks:  # `helm uninstall` never deletes hook objects: a failed one kept would stay for good
+        assert "hook-failed" in o["metadata"]["annotations"]["helm.sh/hook-delete-policy"], o["kind"]
+    (job,) = [o for o in hooks if o["kind"] == "Job"]
+    assert job["spec"]["activeDeadlineSeconds"] == 120
+
+
+def test_more_replicas_get_peering_objects_and_one_writer_of_the_study():
+    objs = docs(render(None, "--set", "operator.replicas=2"))
+    (peering,) = [o for o in objs if o["kind"] == "ClusterKopfPeering"]
+    assert peering["metadata"]["name"] == "cp-chunkpilot-operator"
+    assert "--peering=cp-chunkpilot-operator" in _args(render(None, "--set", "operator.replicas=2"), "operator")
+    ns = docs(render(next(v for v in VALUES if v.stem == "namespaced-ha")))
+    assert sorted(o["metadata"]["namespace"] for o in ns if o["kind"] == "KopfPeering") == ["team-a", "team-b"]
+    assert not [o for o in docs(render()) if "Peering" in o["kind"]]
+    err = helm_fails(*REPOSITORY, "--set", "tuner.replicas=2")
+    assert "tuner.replicas > 1 needs tuner.study.existingSecret" in err
+    (op,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("operator")]
+    assert op["spec"]["strategy"] == {"type": "Recreate"}  # an upgrade never runs old and new side by side
+
+
+def test_replicas_of_one_deployment_draw_different_peering_priorities():
+    """kopf lets peers of equal priority all act; identical replicas must not all be 0."""
+    from chunkpilot.kube.kopf_process import KopfProcess
+
+    drawn = {KopfProcess(prefix="x", peering="p").priority for _ in range(20)}
+    assert len(drawn) == 20 and min(drawn) > 0
+    assert KopfProcess(prefix="x").priority == 0 and KopfProcess(prefix="x", peering="p", priority=7).priority == 7
+
+
+def test_namespace_wildcards_are_refused_naming_the_value():
+    err = helm_fails(*REPOSITORY, "--set", "operator.watchNamespaces={team-*}")
+    assert "operator.watchNamespaces" in err and "team-*" in err and "exact names" in err
+
+
+def test_the_pods_user_is_a_value_and_can_be_left_to_the_platform():
+    def security(*sets: str) -> list[dict]:
+        return [o["spec"]["template"]["spec"]["securityContext"] for o in docs(render(None, *sets))
+                if o["kind"] == "Deployment"]
+    assert all(s["runAsUser"] == 10001 and s["runAsNonRoot"] for s in security())
+    openshift = security("--set", "podSecurityContext.runAsUser=null", "--set", "podSecurityContext.fsGroup=null")
+    assert all("runAsUser" not in s and "fsGroup" not in s and s["runAsNonRoot"] for s in openshift)
+    assert all(s["runAsUser"] == 1000680000 for s in security("--set", "podSecurityContext.runAsUser=1000680000"))
+
+
+def test_the_chart_can_be_a_subchart():
+    res = subprocess.run([helm(), "lint", "--strict", str(CHART), *REPOSITORY, "--set", "global.imageRegistry=x"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_notes_show_a_sample_that_works_with_the_image():
+    """NOTES print crds/samples/smollm2-hf.yaml (a model the engine image downloads, not one it would need baked in)
+    and no placeholder URL; tests/cluster/test_helm_install.py reads the NOTES of a real install."""
+    assert (CHART / "files" / "sample.yaml").read_bytes() == \
+        (ROOT / "crds" / "samples" / "smollm2-hf.yaml").read_bytes(), "copy crds/samples/smollm2-hf.yaml"
+    sample = yaml.safe_load((ROOT / "crds" / "samples" / "smollm2-hf.yaml").read_text())
+    assert sample["spec"]["model"]["source"].startswith("hf://")
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert '.Files.Get "files/sample.yaml"' in notes and "https://..." not in notes

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 HOST_PATHS = ("/mnt/models", "/srv/weights/")
 PRIORITY_CLASSES = ("batch",)
-HELM_SETS = ("--set", "operator.policy.allowedHostPaths={" + ",".join(HOST_PATHS) + "}",
+# the repository of settings()' default engine image (the chart has no default repository)
+HELM_SETS = ("--set", "image.repository=ghcr.io/chunkpilot",
+             "--set", "operator.policy.allowedHostPaths={" + ",".join(HOST_PATHS) + "}",
              "--set", "operator.policy.allowedPriorityClasses={" + ",".join(PRIORITY_CLASSES) + "}")
 
 

@@ -136,9 +136,11 @@ def test_the_crd_and_the_tuner_share_one_autoscaling_rule(tuning, scaling):
 def test_rendered_objects_pass_kubernetes_schemas(sample, version):
     import kubernetes_validate
 
-    objs = b.desired_objects(load(sample), SAMPLE_SETTINGS, service_monitor_crd=True)
+    obj = load(sample)
+    objs = b.desired_objects(obj, SAMPLE_SETTINGS, service_monitor_crd=True)
     kinds = {o["kind"] for o in objs}
-    assert {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget"} <= kinds
+    assert {"ConfigMap", "Deployment", "Service"} <= kinds
+    assert ("PodDisruptionBudget" in kinds) == (obj.spec.replicas > 1)
     for o in objs:
         assert o["metadata"]["ownerReferences"][0]["uid"] == "1234-abcd"
         if o["kind"] == "ServiceMonitor":  # a Prometheus Operator CRD: not in the Kubernetes schemas

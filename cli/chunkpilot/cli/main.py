@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from chunkpilot.cli import bench, crds, demo, engine, model, operator, tuner
+from chunkpilot.cli import bench, check, crds, demo, engine, model, operator, tuner
 
 app = typer.Typer(
     help="chunkpilot: LLM inference on Kubernetes that keeps its latency SLOs by tuning chunked prefill online.",
@@ -18,6 +18,7 @@ app.add_typer(tuner.app, name="tuner")
 app.add_typer(bench.app, name="bench")
 app.add_typer(crds.app, name="crds")
 app.command("demo")(demo.demo)
+app.command("check-install")(check.check_install)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

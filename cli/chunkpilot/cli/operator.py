@@ -31,9 +31,12 @@ def run(
         help="SECRET:KEY in each InferenceDeployment's namespace; the engines then require that API key."),
     peering: Optional[str] = typer.Option(None, envvar="CHUNKPILOT_OPERATOR_PEERING",
                                           help="kopf peering name, for more than one operator replica (only the "
-                                               "highest-priority replica acts). Needs kopf's peering CRDs. "
+                                               "highest-priority replica acts). Needs kopf's peering CRDs and a "
+                                               "peering object of that name (the chart creates it). "
                                                "Default: standalone."),
-    priority: int = typer.Option(0, envvar="CHUNKPILOT_OPERATOR_PRIORITY", help="This replica's peering priority."),
+    priority: Optional[int] = typer.Option(None, envvar="CHUNKPILOT_OPERATOR_PRIORITY",
+                                           help="This replica's peering priority. Default: a random one per process, "
+                                                "so that one of a Deployment's identical replicas acts."),
     liveness: str = typer.Option("http://0.0.0.0:8080/healthz", envvar="CHUNKPILOT_OPERATOR_LIVENESS",
                                  help="kopf liveness endpoint for the pod's livenessProbe ('' disables it)."),
     resync: int = typer.Option(300, envvar="CHUNKPILOT_OPERATOR_RESYNC_SECONDS",
@@ -67,6 +70,11 @@ def run(
                                                        help="Namespace also allowed to reach the engines: Prometheus' (the chart "
                                                             "passes monitoring), the gateway's; repeat for more. "
                                                             "Without any, only each deployment's own namespace."),
+    service_monitor_label: list[str] = typer.Option([], "--service-monitor-label",
+                                                    envvar="CHUNKPILOT_SERVICE_MONITOR_LABELS",
+                                                    help="KEY=VALUE label on every engine ServiceMonitor, so your "
+                                                         "Prometheus selects it (kube-prometheus-stack: "
+                                                         "release=<its release name>); repeat for more."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ) -> None:
     """Watch InferenceDeployments and keep their Deployment, Service, knobs ConfigMap, PDB and ServiceMonitor
@@ -99,6 +107,15 @@ def run(
     if bad:
         typer.echo(f"error: --allowed-host-path takes absolute paths, got {', '.join(bad)}", err=True)
         raise typer.Exit(2)
+    monitor_labels = []
+    for item in split(service_monitor_label):
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", key) or \
+                not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?", value):
+            typer.echo(f"error: --service-monitor-label takes KEY=VALUE with a Kubernetes label key and value, got "
+                       f"{item!r}", err=True)
+            raise typer.Exit(2)
+        monitor_labels.append((key, value))
     config = OperatorConfig(
         namespaces=names,
         engine=OperatorSettings(engine_image=engine_image, hf_download_image=hf_download_image or None,
@@ -107,6 +124,7 @@ def run(
                                 engine_api_key_secret=engine_api_key_secret or None, policy=policy,
                                 default_cpu_request=default_cpu_request, default_memory_request=default_memory_request,
                                 engine_network_policy=engine_network_policy,
-                                network_policy_namespaces=split(network_policy_namespace)),
+                                network_policy_namespaces=split(network_policy_namespace),
+                                service_monitor_labels=tuple(monitor_labels)),
         peering=peering, priority=priority, liveness=liveness or None, resync_seconds=resync, workers=workers)
     run_operator(config)

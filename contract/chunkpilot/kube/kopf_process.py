@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 from dataclasses import dataclass
 
@@ -17,11 +18,18 @@ class KopfProcess:
     prefix: str  # annotation prefix for kopf's progress, diff-base and finalizer
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     peering: str | None = None  # None: standalone
-    priority: int = 0
+    # kopf peering pauses every replica that sees a peer of higher priority, and lets peers of equal priority all
+    # act (it only warns). Replicas of one Deployment share their arguments, so None draws a random priority per
+    # process: one of them acts, the others stand by until its peering record expires.
+    priority: int | None = None
     liveness: str | None = None
     # kopf's finalizer name; kopf patches a resource to remove it when no handler needs it. None: <prefix>/finalizer
     finalizer: str | None = None
     workers: int = 16  # executor threads for sync handlers and daemons
+
+    def __post_init__(self) -> None:
+        if self.priority is None:
+            object.__setattr__(self, "priority", random.SystemRandom().randint(1, 2**31 - 1) if self.peering else 0)
 
     def settings(self) -> kopf.OperatorSettings:
         s = kopf.OperatorSettings()

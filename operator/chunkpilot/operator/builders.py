@@ -51,6 +51,10 @@ class OperatorSettings:
     # the probes answer without the API key (as vLLM's), so only the network keeps other tenants' pods from them.
     engine_network_policy: bool = True
     network_policy_namespaces: tuple[str, ...] = ()
+    # Labels on every engine ServiceMonitor, so that the admin's Prometheus selects it (kube-prometheus-stack
+    # selects by `release: <its release>`); the chart passes monitoring.prometheus.release and
+    # monitoring.serviceMonitor.labels.
+    service_monitor_labels: tuple[tuple[str, str], ...] = ()
 
 
 class SpecError(ValueError):
@@ -302,11 +306,13 @@ def pod_disruption_budget(obj: InferenceDeployment) -> dict | None:
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}}}
 
 
-def service_monitor(obj: InferenceDeployment) -> dict | None:
+def service_monitor(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> dict | None:
     if not obj.spec.monitoring.service_monitor:
         return None
     name = obj.metadata["name"]
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(obj, name),
+    meta = _meta(obj, name)
+    meta["labels"] = {**dict(settings.service_monitor_labels), **meta["labels"]}  # ours win: selectors use them
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": meta,
             "spec": {"selector": {"matchLabels": selector_labels(name)},
                      "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}}
 
@@ -331,7 +337,7 @@ def desired_objects(obj: InferenceDeployment, settings: OperatorSettings = Opera
     for optional in (pod_disruption_budget(obj), network_policy(obj, settings)):
         if optional:
             out.append(optional)
-    sm = service_monitor(obj) if service_monitor_crd else None
+    sm = service_monitor(obj, settings) if service_monitor_crd else None
     if sm:
         out.append(sm)
     return out

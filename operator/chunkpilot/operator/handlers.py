@@ -38,7 +38,7 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     engine: builders.OperatorSettings = field(default_factory=builders.OperatorSettings)
     peering: str | None = None  # None: standalone (one replica); a name: kopf peering among replicas
-    priority: int = 0
+    priority: int | None = None  # None: a random one per process (see KopfProcess)
     liveness: str | None = "http://0.0.0.0:8080/healthz"
     resync_seconds: int = 300
     workers: int = 16
