@@ -1,6 +1,6 @@
 """Assemble an OCI image tarball from root-filesystem layers, without a container daemon or registry.
 
-Where no registry is reachable (these CI machines), `scripts/engine-image.sh` builds the engine's root filesystem
+Where no registry is reachable (these CI machines), `scripts/image.sh engine` builds the engine's root filesystem
 from Debian packages and pip, and this writes it as an OCI image layout in one tar that `ctr -n k8s.io images
 import` (containerd) and `podman load` read. The image's config (entrypoint, user, environment, working directory,
 ports, volumes) is read from the Dockerfile itself, so the two ways to build the image cannot drift apart
@@ -90,7 +90,7 @@ def write_image(layers: list[Path], config: dict, name: str, out: Path) -> str:
         diff_ids.append(diff_id)
     image_config = {"architecture": "amd64", "os": "linux", "config": config,
                     "rootfs": {"type": "layers", "diff_ids": diff_ids},
-                    "history": [{"created_by": "chunkpilot scripts/engine-image.sh"}]}
+                    "history": [{"created_by": "chunkpilot scripts/image.sh"}]}
     blobs: dict[str, bytes] = {}
 
     def blob(data: dict, media: str) -> dict:

@@ -2,7 +2,7 @@
 # Debian packages the tests use: prometheus (the server and promtool), etcd-server (the store of the real
 # kube-apiserver the operator and tuner tests run against), postgresql (the tuner's external study storage), and for
 # the local cluster's node (tests/local_cluster.py): containerd, runc, the CNI plugins, iptables (kube-proxy, the
-# CNI bridge), catatonit (the pause image) and mmdebstrap (the engine image, scripts/engine-image.sh). Installed with apt when running as root;
+# CNI bridge), catatonit (the pause image) and mmdebstrap (the engine image, scripts/image.sh engine). Installed with apt when running as root;
 # otherwise says what to run (tests then skip locally, and fail under CI=true, where tools must be present).
 set -euo pipefail
 missing=()

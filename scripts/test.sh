@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's test command: system packages (root: apt), the Python set-up (setup.sh), the Go-built tools and
-# Kubernetes binaries, the engine image for the local cluster's pods (root: mmdebstrap), then every test.
+# The README's test command: system packages (root: apt), the Python set-up (setup.sh), the Go-built tools, the
+# Kubernetes binaries and the cluster's add-ons (CoreDNS, the Prometheus Operator), the three images for the local
+# cluster's pods (root: mmdebstrap), then every test.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -8,5 +9,6 @@ bash scripts/system-deps.sh
 bash scripts/setup.sh
 bash scripts/go-tools.sh
 bash scripts/kube-tools.sh
-bash scripts/engine-image.sh >/dev/null
+bash scripts/cluster-tools.sh
+for part in engine operator tuner; do bash scripts/image.sh "$part" >/dev/null; done
 exec "${CHUNKPILOT_VENV:-.venv}/bin/python" -m pytest "$@"

@@ -1,6 +1,8 @@
-"""The engine image built without a registry (scripts/engine-image.sh) agrees with engine_image/Dockerfile: the same
-entrypoint, user, environment, working directory, port and volume, and the same layout (the COPY'd sources in the
-WORKDIR, the package installed, user 10001 owning /cache). The cluster tests run this image under a kubelet."""
+"""The three images built without a registry (scripts/image.sh engine|operator|tuner) agree with their Dockerfiles:
+the same entrypoint, user, environment, working directory, ports and volumes, and the same layout (the COPY'd
+sources in the WORKDIR and nothing of the other parts, the package installed, user 10001 owning the volumes). The
+cluster tests run these images under a kubelet: the engine for InferenceDeployments, operator and tuner from the
+chart (the tuner image also runs the chart's hook Job and `helm test`)."""
 
 from __future__ import annotations
 
@@ -17,14 +19,19 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 from oci_image import dockerfile_config  # noqa: E402  (a stdlib script, not a package)
 
-DOCKERFILE = ROOT / "engine_image" / "Dockerfile"
+DOCKERFILES = {"engine": ROOT / "engine_image" / "Dockerfile", "operator": ROOT / "operator" / "Dockerfile",
+               "tuner": ROOT / "tuner" / "Dockerfile"}
+# A file of each part's own source that its image must hold, and the other parts' that it must not.
+OWN = {"engine": "engine_image/chunkpilot/engine/server.py", "operator": "operator/chunkpilot/operator/handlers.py",
+       "tuner": "tuner/chunkpilot/tuner/daemon.py"}
 
 
-@pytest.fixture(scope="module")
-def image():
-    from ..local_cluster import engine_image
+@pytest.fixture(scope="module", params=sorted(DOCKERFILES))
+def image(request):
+    from ..local_cluster import build_image
 
-    built = engine_image()
+    part = request.param
+    built = build_image(part)
     if isinstance(built, str):
         from .conftest import _unavailable
 
@@ -38,7 +45,8 @@ def image():
             return t.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}").read()
         manifest = json.loads(blob(manifest_desc["digest"]))
         config = json.loads(blob(manifest["config"]["digest"]))
-    return {"name": name, "tarball": tarball, "index": index, "manifest": manifest, "config": config}
+    return {"part": part, "dockerfile": DOCKERFILES[part], "name": name, "tarball": tarball, "index": index,
+            "manifest": manifest, "config": config}
 
 
 def layer_members(tarball: Path, digest: str, wanted: set[str]) -> dict[str, tarfile.TarInfo]:
@@ -56,11 +64,12 @@ def layer_members(tarball: Path, digest: str, wanted: set[str]) -> dict[str, tar
 
 
 def test_the_image_config_is_the_dockerfiles(image):
-    want = dockerfile_config(DOCKERFILE.read_text())
+    want = dockerfile_config(image["dockerfile"].read_text())
     got = image["config"]["config"]
     for key in ("Entrypoint", "User", "WorkingDir", "ExposedPorts", "Volumes"):
         assert got.get(key) == want.get(key), key
-    assert got["Entrypoint"] == ["chunkpilot", "engine", "serve"] and got["User"] == "10001"
+    assert got["Entrypoint"] == ["chunkpilot", image["part"], "serve" if image["part"] == "engine" else "run"]
+    assert got["User"] == "10001"
     env = dict(e.split("=", 1) for e in got["Env"])
     for line in want["Env"]:
         key, value = line.split("=", 1)
@@ -70,32 +79,38 @@ def test_the_image_config_is_the_dockerfiles(image):
 
 
 def test_the_image_layout_is_the_dockerfiles(image):
-    """The app layer holds the Dockerfile's COPY sources (the tracked files) in its WORKDIR and the installed
-    package; the base layer the user and /cache the Dockerfile's RUN makes."""
+    """The app layer holds the Dockerfile's COPY sources (the tracked files) in its WORKDIR, none of the other
+    parts', and the installed package; the base layer the user and the volumes (/cache) the Dockerfile's RUN
+    makes."""
     workdir = image["config"]["config"]["WorkingDir"].lstrip("/")
     base, app = (d["digest"] for d in image["manifest"]["layers"])
     copied = []
-    for line in DOCKERFILE.read_text().splitlines():
+    for line in image["dockerfile"].read_text().splitlines():
         if line.startswith("COPY "):
             *sources, _ = line.split()[1:]
             for src in sources:
                 copied += subprocess.run(["git", "ls-files", "--", src], cwd=ROOT, capture_output=True, text=True,
                                          check=True).stdout.split()
-    assert "engine_image/chunkpilot/engine/server.py" in copied and "cli/chunkpilot/cli/main.py" in copied
+    assert OWN[image["part"]] in copied and "cli/chunkpilot/cli/main.py" in copied
+    others = {f"{workdir}/{f}" for part, f in OWN.items() if part != image["part"]}
     entry = "usr/local/bin/chunkpilot"
-    found = layer_members(image["tarball"], app, {f"{workdir}/{f}" for f in copied} | {entry})
+    found = layer_members(image["tarball"], app, {f"{workdir}/{f}" for f in copied} | {entry} | others)
     missing = sorted({f"{workdir}/{f}" for f in copied} - set(found))
     assert not missing, missing[:5]
     assert entry in found and found[entry].mode & 0o111
+    assert not others & set(found), f"the {image['part']} image carries another part's source"
+    volumes = {v.lstrip("/") for v in image["config"]["config"].get("Volumes", {})}
+    assert volumes == ({"cache"} if image["part"] == "engine" else set())
     with tarfile.open(image["tarball"]) as outer:
         layer = tarfile.open(fileobj=outer.extractfile(f"blobs/sha256/{base.removeprefix('sha256:')}"), mode="r|")
-        passwd = cache = None
+        passwd, owned = None, {}
         for info in layer:
-            if info.name == "cache":
-                cache = info
+            if info.name in volumes:
+                owned[info.name] = info
             elif info.name == "etc/passwd":
                 passwd = layer.extractfile(info).read().decode()
-            if cache and passwd:
+            if len(owned) == len(volumes) and passwd:
                 break
-    assert cache is not None and cache.isdir() and (cache.uid, cache.gid) == (10001, 10001)
+    for v in volumes:
+        assert owned[v].isdir() and (owned[v].uid, owned[v].gid) == (10001, 10001), v
     assert "chunkpilot:x:10001:10001::/home/chunkpilot:" in passwd
