@@ -73,11 +73,11 @@ class ControlPlane:
 
     # -- processes -----------------------------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         # own process group: a Ctrl-C in the terminal reaches the script, which stops them in order
         with open(self.workdir / f"{name}.log", "a") as log:
             proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=die_with_parent)
+                                    preexec_fn=die_with_parent, env=env)
         self.procs[name] = proc
         return proc
 
@@ -101,11 +101,16 @@ class ControlPlane:
                              "--initial-cluster", f"default={p}", "--log-level", "warn"])
         self._wait(lambda: urllib.request.urlopen(f"{e}/health", timeout=2).status == 200, "etcd", 30)
 
+    def apiserver_address_args(self) -> list[str]:
+        """Where the API server listens and what it advertises: loopback only, no endpoints for the `kubernetes`
+        Service (no pod runs here); the local cluster's pods reach it through that Service instead."""
+        return ["--bind-address=127.0.0.1", "--endpoint-reconciler-type=none"]
+
     def start_apiserver(self) -> None:
         w = self.workdir
         self._spawn("kube-apiserver", [
             self.bin["kube-apiserver"], f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.port}", "--endpoint-reconciler-type=none",
+            *self.apiserver_address_args(), f"--secure-port={self.port}",
             f"--cert-dir={w / 'certs'}", "--service-cluster-ip-range=10.96.0.0/16",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={w / 'sa.key'}", f"--service-account-signing-key-file={w / 'sa.key'}",

@@ -6,7 +6,7 @@ kube-proxy.
 
 Needs root (containerd, runc, iptables, mounts). Binaries: containerd, runc, the CNI plugins and catatonit from
 Debian (scripts/system-deps.sh); kube-scheduler, kube-proxy and kubelet v1.34.4 built by scripts/kube-tools.sh;
-the engine image built by scripts/engine-image.sh. Humans get the same cluster with `bash scripts/local-cluster.sh`.
+the images built by scripts/image.sh. Humans get the same cluster with `bash scripts/local-cluster.sh`.
 
 Images are imported once into containerd's content store under the cache ($CHUNKPILOT_CACHE/containerd; the image
 names carry the hash of what built them), so a test session does not re-import the 6 GB engine image; every
@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -34,10 +35,19 @@ ROOT = Path(__file__).resolve().parents[1]
 NODE = "chunkpilot-node"
 POD_CIDR = "10.244.0.0/24"
 BRIDGE = "chunkpilot0"
+DNS_DOMAIN = "cluster.local"
+MONITORING = "monitoring"  # the namespace of the Prometheus Operator's Prometheus, as kube-prometheus-stack's
+# The Prometheus Operator's version (scripts/cluster-tools.sh builds it and keeps its CRDs and example RBAC)
+PO_VERSION = "v0.85.0"
+# Prometheus' module version v0.3XX.Y is Prometheus v3.XX.Y (scripts/go-tools.sh); the operator reads spec.version
+PROMETHEUS_VERSION = "v3.16.0"
+# kube-prometheus-stack's Prometheus selects ServiceMonitors and rules by this label, with its release name
+RELEASE_LABEL = {"release": "kube-prometheus-stack"}
 DEBIAN = ("containerd", "ctr", "runc", "catatonit", "iptables")
 CNI_DIR = Path("/usr/lib/cni")
 HOW = ("run as root: bash scripts/system-deps.sh (Debian containerd, runc, containernetworking-plugins, catatonit, "
-       "mmdebstrap), bash scripts/kube-tools.sh (kubelet, kube-scheduler, kube-proxy) and bash scripts/engine-image.sh")
+       "mmdebstrap), bash scripts/kube-tools.sh (kubelet, kube-scheduler, kube-proxy), bash scripts/cluster-tools.sh "
+       "(CoreDNS, the Prometheus Operator) and bash scripts/image.sh engine|operator|tuner")
 
 
 def find_node_binaries() -> dict[str, str] | str:
@@ -53,33 +63,80 @@ def find_node_binaries() -> dict[str, str] | str:
         path = CACHE / "kube" / KUBE_VERSION / name
         found[name] = str(path) if path.is_file() else None
     found["cni"] = str(CNI_DIR) if (CNI_DIR / "bridge").is_file() else None
+    for name in ("coredns", "prometheus", "prometheus-operator", "prometheus-config-reloader"):
+        path = CACHE / "bin" / name
+        found[name] = str(path) if path.is_file() else None
+    crds = CACHE / "prometheus-operator" / PO_VERSION / "crds"
+    found["prometheus-operator-crds"] = str(crds) if crds.is_dir() else None
     missing = [n for n, p in found.items() if p is None]
     return f"{', '.join(missing)} not found: {HOW}" if missing else found
 
 
-def engine_image() -> tuple[str, Path] | str:
-    """(image name, OCI tarball) of the engine image scripts/engine-image.sh built for the current code, or why not.
-    The script is idempotent and quick when nothing changed, so it is run here to pick up code changes."""
-    res = subprocess.run(["bash", str(ROOT / "scripts" / "engine-image.sh")], capture_output=True, text=True)
+def build_image(part: str) -> tuple[str, Path] | str:
+    """(image name, OCI tarball) of one of the project's images (engine, operator, tuner) that scripts/image.sh
+    built for the current code, or why not. The script is idempotent and quick when nothing changed, so it is run
+    here to pick up code changes."""
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "image.sh"), part], capture_output=True, text=True)
     tarball = Path(res.stdout.strip().splitlines()[-1]) if res.stdout.strip() else None
     if res.returncode != 0 or tarball is None or not tarball.is_file():
-        return f"scripts/engine-image.sh failed ({HOW}):\n{res.stderr[-3000:]}"
-    return (CACHE / "images" / "engine.name").read_text().strip(), tarball
+        return f"scripts/image.sh {part} failed ({HOW}):\n{res.stderr[-3000:]}"
+    return (CACHE / "images" / f"{part}.name").read_text().strip(), tarball
+
+
+def engine_image() -> tuple[str, Path] | str:
+    return build_image("engine")
+
+
+def scratch_image(workdir: Path, part: str, files: dict[str, str]) -> tuple[str, Path]:
+    """A one-layer image of a few host files (image path -> host path) with the config of
+    scripts/<part>-image/Dockerfile, named by the hash of both: the pause image (Debian's static catatonit), and
+    the Prometheus Operator's Prometheus and config reloader (built by scripts/go-tools.sh and cluster-tools.sh)."""
+    dockerfile = ROOT / "scripts" / f"{part}-image" / "Dockerfile"
+    digest = hashlib.sha256(dockerfile.read_bytes())
+    for dst, src in sorted(files.items()):
+        digest.update(dst.encode() + Path(src).read_bytes())
+    name = f"docker.io/chunkpilot/{part}:local-{digest.hexdigest()[:12]}"
+    rootfs, out = workdir / f"{part}-rootfs", workdir / f"{part}.tar"
+    for dst, src in files.items():
+        (rootfs / dst.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, rootfs / dst.lstrip("/"))
+    tool = ["python3", str(ROOT / "scripts" / "oci_image.py")]
+    subprocess.run([*tool, "layer", str(rootfs), str(workdir / f"{part}-layer.tar")], check=True, capture_output=True)
+    subprocess.run([*tool, "image", "--dockerfile", str(dockerfile), "--name", name, "--out", str(out),
+                    str(workdir / f"{part}-layer.tar")], check=True, capture_output=True)
+    return name, out
 
 
 def pause_image(workdir: Path, catatonit: str) -> tuple[str, Path]:
     """The sandbox image, from scripts/pause-image/Dockerfile and Debian's catatonit (one static binary)."""
-    digest = hashlib.sha256(Path(catatonit).read_bytes() + (ROOT / "scripts/pause-image/Dockerfile").read_bytes())
-    name = f"docker.io/chunkpilot/pause:local-{digest.hexdigest()[:12]}"
-    out = workdir / "pause.tar"
-    rootfs = workdir / "pause-rootfs"
-    rootfs.mkdir()
-    shutil.copy(catatonit, rootfs / "pause")
-    tool = ["python3", str(ROOT / "scripts" / "oci_image.py")]
-    subprocess.run([*tool, "layer", str(rootfs), str(workdir / "pause-layer.tar")], check=True, capture_output=True)
-    subprocess.run([*tool, "image", "--dockerfile", str(ROOT / "scripts/pause-image/Dockerfile"), "--name", name,
-                    "--out", str(out), str(workdir / "pause-layer.tar")], check=True, capture_output=True)
-    return name, out
+    return scratch_image(workdir, "pause", {"/pause": catatonit})
+
+
+class _Yaml11Loader(yaml.SafeLoader):
+    """PyYAML reads a bare `=` as YAML 1.1's "value" tag, which the Prometheus Operator's CRDs contain (an enum of
+    operators); read it as the string Go's YAML parser sees."""
+
+
+_Yaml11Loader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+
+
+def cluster_role_binding(role: str, namespace: str, account: str) -> dict:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}
+
+
+def apply_objects(api, objs: list[dict]) -> None:
+    """Server-side apply as the cluster's set-up (the Prometheus Operator's CRDs are too large for a
+    last-applied annotation, which is why its docs say `kubectl apply --server-side`)."""
+    from kubernetes.dynamic import DynamicClient
+
+    dyn = DynamicClient(api)
+    for obj in objs:
+        res = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        dyn.server_side_apply(res, body=obj, name=obj["metadata"]["name"],
+                              namespace=obj["metadata"].get("namespace"), field_manager="local-cluster",
+                              force_conflicts=True)
 
 
 def primary_ip() -> str:
@@ -92,23 +149,36 @@ def primary_ip() -> str:
 
 
 class LocalCluster(ControlPlane):
-    """`with LocalCluster(images=[(name, tarball)]) as c:`; `c.kubeconfig` is an admin kubeconfig. The node is Ready
-    and the images are in containerd when it returns."""
+    """`with LocalCluster(images=[(name, tarball)]) as c:`; `c.kubeconfig` is an admin kubeconfig. The node is Ready,
+    the images are in containerd, cluster DNS answers and a default StorageClass offers local volumes when it
+    returns; with `prometheus_operator=True` the Prometheus Operator runs and its Prometheus (`prometheus-operated`
+    in the `monitoring` namespace) selects ServiceMonitors and rules labelled as kube-prometheus-stack's does."""
 
     def __init__(self, workdir: Path | None = None, binaries: dict[str, str] | None = None,
-                 images: list[tuple[str, Path]] = ()) -> None:
+                 images: list[tuple[str, Path]] = (), prometheus_operator: bool = False) -> None:
         found = binaries or find_node_binaries()
         if isinstance(found, str):
             raise FileNotFoundError(found)
         super().__init__(workdir, found)
         self.images = list(images)
+        self.with_prometheus_operator = prometheus_operator
         self.containerd_root = CACHE / "containerd"
         # State and socket at fixed paths, as /run/containerd is: a containerd started after a killed run finds
         # that run's shims (which outlive it) there and reattaches, so remove_containers can stop their containers.
         self.containerd_run = Path("/run/chunkpilot-containerd")
         self.sock = self.containerd_run / "containerd.sock"
         self.node_ip = primary_ip()
+        # Clients reach the API server at the node's address, the one it advertises (see apiserver_address_args)
+        self.url = f"https://{self.node_ip}:{self.port}"
         self.pause = ""
+        self.prometheus_images: dict[str, str] = {}
+
+    def apiserver_address_args(self) -> list[str]:
+        """Pods reach the API server as on any cluster, through the `kubernetes` Service (10.96.0.1:443): the API
+        server listens on the node's address and keeps that Service's endpoints there (the lease reconciler), and
+        its self-signed serving certificate covers the advertise address and the Service IP (the in-cluster
+        clients of operator, tuner and Prometheus verify it with the kube-root-ca.crt the pods mount)."""
+        return [f"--bind-address={self.node_ip}", f"--advertise-address={self.node_ip}"]
 
     # -- containerd -----------------------------------------------------------------------------------------------
 
@@ -150,6 +220,16 @@ class LocalCluster(ControlPlane):
                           "dataDir": str(w / "cni-ipam")}},
                 {"type": "portmap", "capabilities": {"portMappings": True}}]}))
         self.pause, pause_tar = pause_image(w, self.bin["catatonit"])
+        extra = []
+        if self.with_prometheus_operator:
+            libs = {"/lib/x86_64-linux-gnu/libc.so.6": "/lib/x86_64-linux-gnu/libc.so.6",
+                    "/lib64/ld-linux-x86-64.so.2": "/lib64/ld-linux-x86-64.so.2"}
+            for part, files in (("prometheus", {"/bin/prometheus": self.bin["prometheus"], **libs}),
+                                ("config-reloader",
+                                 {"/bin/prometheus-config-reloader": self.bin["prometheus-config-reloader"]})):
+                name, tar = scratch_image(w, part, files)
+                self.prometheus_images[part] = name
+                extra.append((name, tar))
         (w / "containerd.toml").write_text(f"""version = 2
 root = "{self.containerd_root}"
 state = "{self.containerd_run / 'state'}"
@@ -174,7 +254,7 @@ state = "{self.containerd_run / 'state'}"
         self.remove_containers()
         # name -> manifest digest; the CRI plugin adds a "sha256:<id>" name for each image it has seen
         have = dict(line.split()[0:3:2] for line in self.ctr("images", "ls").splitlines()[1:] if line.strip())
-        wanted = [(self.pause, pause_tar), *self.images]
+        wanted = [(self.pause, pause_tar), *extra, *self.images]
         for name, tarball in wanted:
             if name not in have:
                 self.ctr("images", "import", str(tarball), timeout=1800)
@@ -215,6 +295,8 @@ state = "{self.containerd_run / 'state'}"
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "serializeImagePulls": False, "cgroupsPerQOS": True, "enforceNodeAllocatable": ["pods"],
             "resolvConf": "/etc/resolv.conf",
+            # pods resolve <service>.<namespace>.svc through CoreDNS on the node (start_dns)
+            "clusterDNS": [self.node_ip], "clusterDomain": DNS_DOMAIN,
             # the ConfigMap volume sync is left at the kubelet's defaults (syncFrequency 1m, Watch): what the
             # knob change latency measures is what a cluster admin gets
         }
@@ -235,19 +317,125 @@ state = "{self.containerd_run / 'state'}"
             raise
         return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
+    def start_dns(self) -> None:
+        """CoreDNS on the node's address (the kubelet's clusterDNS), with the kubernetes plugin as a ServiceAccount
+        holding the read-only rights kubeadm gives CoreDNS; up when its ready plugin says the plugin has synced."""
+        api = self.api()
+        apply_objects(api, [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "coredns", "namespace": "kube-system"}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "system:coredns"},
+             "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
+                        "verbs": ["list", "watch"]},
+                       {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]},
+            cluster_role_binding("system:coredns", "kube-system", "coredns")])
+        kc = self.service_account_kubeconfig("kube-system", "coredns")
+        ready = free_port()
+        (self.workdir / "Corefile").write_text(f""".:53 {{
+    bind {self.node_ip}
+    errors
+    ready 127.0.0.1:{ready}
+    kubernetes {DNS_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kc} system:serviceaccount:kube-system:coredns
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+    cache 30
+    loop
+    forward . /etc/resolv.conf
+}}
+""")
+        self._spawn("coredns", [self.bin["coredns"], "-conf", str(self.workdir / "Corefile")])
+        self._wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{ready}/ready", timeout=2).status == 200,
+                   "coredns", 60)
+
+    def provide_storage(self, volumes: int = 4, size: str = "2Gi") -> None:
+        """A default StorageClass and local PersistentVolumes on the node, as a cluster's storage offers them: a
+        claim without a class gets the default and binds to a free volume once its pod is scheduled
+        (WaitForFirstConsumer). The folders are world-writable, as local-path-provisioner makes them."""
+        objs: list[dict] = [{
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": "local", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer",
+            "reclaimPolicy": "Retain"}]
+        for i in range(volumes):
+            path = self.workdir / "volumes" / f"pv-{i}"
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)
+            objs.append({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"local-pv-{i}"},
+                         "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                                  "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "local",
+                                  "local": {"path": str(path)},
+                                  "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                                      {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}]}]}}}})
+        apply_objects(self.api(), objs)
+
+    def start_prometheus_operator(self) -> None:
+        """The Prometheus Operator (its CRDs, its upstream ClusterRole, as its own ServiceAccount) and a Prometheus
+        it manages in `monitoring`, with upstream's example RBAC, selecting ServiceMonitors and PrometheusRules in
+        every namespace by kube-prometheus-stack's release label, scraping every 5 s."""
+        import kubernetes
+
+        api = self.api()
+        po = Path(self.bin["prometheus-operator-crds"]).parent
+        crds = [yaml.load(f.read_text(), Loader=_Yaml11Loader)
+                for f in sorted(Path(self.bin["prometheus-operator-crds"]).glob("*.yaml"))]
+        apply_objects(api, crds)
+        ext = kubernetes.client.ApiextensionsV1Api(api)
+        self._wait(lambda: all(any(c.type == "Established" and c.status == "True"
+                                   for c in ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or [])
+                               for crd in crds), "kube-apiserver", 60)
+        rbac = po / "rbac"
+        operator_role = yaml.safe_load((rbac / "prometheus-operator" / "prometheus-operator-cluster-role.yaml").read_text())
+        prometheus_role = yaml.safe_load((rbac / "prometheus" / "prometheus-cluster-role.yaml").read_text())
+        apply_objects(api, [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MONITORING}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus-operator", "namespace": MONITORING}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus", "namespace": MONITORING}},
+            operator_role, cluster_role_binding(operator_role["metadata"]["name"], MONITORING, "prometheus-operator"),
+            prometheus_role, cluster_role_binding(prometheus_role["metadata"]["name"], MONITORING, "prometheus")])
+        kc = self.service_account_kubeconfig(MONITORING, "prometheus-operator")
+        port = free_port()
+        self._spawn("prometheus-operator", [
+            self.bin["prometheus-operator"], f"--prometheus-config-reloader={self.prometheus_images['config-reloader']}",
+            f"--web.listen-address=127.0.0.1:{port}", f"--cluster-domain={DNS_DOMAIN}", "--log-level=info"],
+            env={**os.environ, "KUBECONFIG": str(kc)})
+        self._wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200,
+                   "prometheus-operator", 60)
+        apply_objects(api, [{
+            "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus", "metadata": {"name": "k8s", "namespace": MONITORING},
+            "spec": {"image": self.prometheus_images["prometheus"], "version": PROMETHEUS_VERSION, "replicas": 1,
+                     "serviceAccountName": "prometheus", "scrapeInterval": "5s", "evaluationInterval": "5s",
+                     "serviceMonitorSelector": {"matchLabels": RELEASE_LABEL}, "serviceMonitorNamespaceSelector": {},
+                     "podMonitorSelector": {"matchLabels": RELEASE_LABEL}, "podMonitorNamespaceSelector": {},
+                     "ruleSelector": {"matchLabels": RELEASE_LABEL}, "ruleNamespaceSelector": {},
+                     "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}}}}])
+
+    def prometheus_ready(self) -> bool:
+        import kubernetes
+
+        pods = kubernetes.client.CoreV1Api(self.api()).list_namespaced_pod(
+            MONITORING, label_selector="app.kubernetes.io/name=prometheus").items
+        return any(all(c.ready for c in p.status.container_statuses or [False]) and p.status.container_statuses
+                   for p in pods)
+
     def _start(self) -> None:
         super()._start()
         self.start_containerd()
+        self.start_dns()
         self.start_scheduler()
         self.start_proxy()
         self.start_kubelet()
         self._wait(self.node_ready, "kubelet", 120)
+        self.provide_storage()
+        if self.with_prometheus_operator:
+            self.start_prometheus_operator()
+            self._wait(self.prometheus_ready, "prometheus-operator", 240)
 
     def stop(self) -> None:
         stop_process(self.procs.pop("kubelet", None), grace=15)
         if "containerd" in self.procs:
             self.remove_containers()
-        for name in ("kube-proxy", "kube-scheduler", "containerd"):
+        for name in ("prometheus-operator", "coredns", "kube-proxy", "kube-scheduler", "containerd"):
             stop_process(self.procs.pop(name, None), grace=15)
         if "kube-proxy" in self.bin:  # its iptables chains and rules, which outlive it
             subprocess.run([self.bin["kube-proxy"], "--cleanup"], capture_output=True, timeout=60)
@@ -262,6 +450,17 @@ state = "{self.containerd_run / 'state'}"
 
     # -- reading what happened -----------------------------------------------------------------------------------
 
+    def container_mounts(self, container_id: str) -> tuple[set[str], dict[str, list[str]]]:
+        """What the kubelet made of a container's security context, read off its running process: the process'
+        uids (real, effective, saved, fs) and its mounts (mount point -> mount options)."""
+        cid = container_id.removeprefix("containerd://")
+        pid = next(int(line.split()[1]) for line in self.ctr("tasks", "ls").splitlines()[1:] if line.split()[0] == cid)
+        uids = next(line.split()[1:] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("Uid:"))
+        mounts = {line.split()[4]: line.split()[5].split(",")
+                  for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()}
+        return set(uids), mounts
+
     def pod_log(self, namespace: str, pod: str, chars: int = 4000) -> str:
         """The container logs the kubelet wrote for a pod (no kubelet client certificate for `kubectl logs`)."""
         out = []
@@ -271,20 +470,25 @@ state = "{self.containerd_run / 'state'}"
 
 
 def main() -> None:
-    """`bash scripts/local-cluster.sh`: the tests' one-node cluster, with the engine image loaded, until Ctrl-C."""
+    """`bash scripts/local-cluster.sh`: the tests' one-node cluster, with the images loaded, until Ctrl-C."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, help="where certs, etcd data, logs and admin.kubeconfig go")
+    parser.add_argument("--chart", action="store_true",
+                        help="also the operator and tuner images and the Prometheus Operator, for `helm install`")
     args = parser.parse_args()
-    image = engine_image()
-    if isinstance(image, str):
-        raise SystemExit(image)
-    with LocalCluster(args.workdir, images=[image]) as c:
+    images = []
+    for part in ("engine", "operator", "tuner") if args.chart else ("engine",):
+        image = build_image(part)
+        if isinstance(image, str):
+            raise SystemExit(image)
+        images.append(image)
+    with LocalCluster(args.workdir, images=images, prometheus_operator=args.chart) as c:
         c.serve_until_interrupted(
             f"one-node cluster {KUBE_VERSION}: kube-apiserver at {c.url}, node {NODE} ({c.node_ip})\n"
-            f"  export KUBECONFIG={c.kubeconfig}\n  engine image: {image[0]} (imagePullPolicy: IfNotPresent)\n"
-            f"  logs in {c.workdir}\nCtrl-C stops it and removes its pods.")
+            f"  export KUBECONFIG={c.kubeconfig}\n  images (imagePullPolicy: IfNotPresent): "
+            f"{', '.join(name for name, _ in images)}\n  logs in {c.workdir}\nCtrl-C stops it and removes its pods.")
 
 
 if __name__ == "__main__":

@@ -44,3 +44,31 @@ def k8s_prometheus() -> str:
         _unavailable(f"{path} not found: run bash scripts/go-tools.sh (Debian's prometheus has no Kubernetes "
                      "service discovery)")
     return str(path)
+
+
+def helm_binary() -> str:
+    from ..conftest import require_tool
+
+    return require_tool("helm", "bash scripts/go-tools.sh (builds it with `go install` into ~/.cache/chunkpilot/bin)")
+
+
+@pytest.fixture(scope="module")
+def chart_cluster(tmp_path_factory):
+    """A Ready node as a cluster the chart is installed into: cluster DNS, a default StorageClass, the Prometheus
+    Operator and its Prometheus, and the engine, operator and tuner images of the current code in containerd
+    (`image_names`: part -> name). No CRD of ours: `helm install` brings it."""
+    from ..local_cluster import LocalCluster, build_image, find_node_binaries
+
+    found = find_node_binaries()
+    if isinstance(found, str):
+        _unavailable(found)
+    images = {}
+    for part in ("engine", "operator", "tuner"):
+        built = build_image(part)
+        if isinstance(built, str):
+            _unavailable(built)
+        images[part] = built
+    with LocalCluster(tmp_path_factory.mktemp("chart-node"), found, images=list(images.values()),
+                      prometheus_operator=True) as cluster:
+        cluster.image_names = {part: name for part, (name, _) in images.items()}
+        yield cluster

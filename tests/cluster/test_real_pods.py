@@ -268,18 +268,10 @@ def test_apply_runs_a_pod_that_answers_through_its_service(stack):
     # What the kubelet made of the pod's security context, read off the running process itself.
     pod = stack.pod()
     assert pod.status.container_statuses[0].restart_count == 0
-    cid = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
-    pid = next(int(line.split()[1]) for line in stack.cluster.ctr("tasks", "ls").splitlines()[1:]
-               if line.split()[0] == cid)
-    uids = next(line.split()[1:] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                if line.startswith("Uid:"))
-    assert set(uids) == {"10001"}, uids
-    root = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
-                if line.split()[4] == "/")
-    assert "ro" in root[5].split(","), root  # readOnlyRootFilesystem
-    knobs = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
-                 if line.split()[4] == "/etc/chunkpilot")
-    assert "ro" in knobs[5].split(",")
+    uids, mounts = stack.cluster.container_mounts(pod.status.container_statuses[0].container_id)
+    assert uids == {"10001"}, uids
+    assert "ro" in mounts["/"], mounts["/"]  # readOnlyRootFilesystem
+    assert "ro" in mounts["/etc/chunkpilot"]
     stack.pod_uid = pod.metadata.uid
     stack.watch = GenerationWatch(stack, pod.status.pod_ip)
     stack.watch.start()
