@@ -338,7 +338,11 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
                               StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)),
                               scaler=StatusScaler(kube, namespace, name), scaling_history=history)
             built_for = config
-            log.info("tuning %s/%s: study %s, mode %s", namespace, name, config.deployment, config.settings.mode)
+            # an SRE reading the log after a restart or a reinstall sees whether the study (on its volume or
+            # database) came back, or whether the tuner starts from nothing
+            done = loop.study.total_completed()
+            log.info("tuning %s/%s: study %s, mode %s, %s", namespace, name, config.deployment, config.settings.mode,
+                     f"resumed with {done} completed trials" if done else "no completed trials yet")
         try:
             loop.iterate()
             backoff = ERROR_BACKOFF_INITIAL

@@ -1,0 +1,393 @@
+"""A cluster admin's first day, the way they take it: `helm install` of the chart into a real cluster
+(tests/local_cluster.py: a kubelet running the operator, tuner, hook and test pods from the images
+scripts/image.sh builds; cluster DNS; a default StorageClass; the Prometheus Operator with a Prometheus that selects
+monitors by kube-prometheus-stack's release label). Nothing runs on the host that a cluster would run as a pod, and
+the commands are the ones docs/helm.md gives.
+
+In order: an install whose image cannot be pulled fails fast and leaves no hook rights behind; the real install
+(--wait), its pods restricted and running, no 403 for its ServiceAccounts; `helm test`; an InferenceDeployment
+scraped through the ServiceMonitor the operator made and retuned by the tuner pod; `helm upgrade` to a new
+operator image (never two operators at once, engine pods not rolled); `helm rollback`; `helm uninstall` (what stays:
+the CRDs, the study's claim, the engines); a reinstall that adopts the kept study.
+
+Measured (printed, and written to $CHUNKPILOT_HELM_TIMINGS for bench/helm_install.py): seconds from `helm install`
+to the operator and tuner Ready, to the first token of the first InferenceDeployment, and to the first tuned knobs
+the engine applied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chunkpilot.api.types import GROUP, PLURAL, VERSION
+from chunkpilot.contract import metric_names as m
+
+from ..local_cluster import MONITORING
+from ..operator.operator_proc import Cluster, sample
+from .test_real_pods import chat, engine_metrics, poll
+
+pytestmark = pytest.mark.cluster
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "chunkpilot"
+NS = "chunkpilot"  # the release's namespace
+APP_NS = "team-a"  # where the InferenceDeployment lives
+RELEASE = "cp"
+NAME = "smol"
+SERVED = "smollm2"
+REPO = "docker.io/chunkpilot"  # the chart's image.repository: <repo>/operator:<tag>, <repo>/tuner:<tag>
+TIMINGS: dict[str, float] = {}
+
+
+class Admin:
+    """The admin's tools pointed at the cluster: helm (the chart's own commands) and an API client."""
+
+    def __init__(self, cluster, work: Path, helm: str) -> None:
+        self.cluster, self.work, self.helm_bin = cluster, work, helm
+        self.k = Cluster(cluster.api())
+        self.env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "HELM_CACHE_HOME": str(work / "helm-cache"),
+                    "HELM_CONFIG_HOME": str(work / "helm-config"), "HELM_DATA_HOME": str(work / "helm-data")}
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+        res = subprocess.run([self.helm_bin, *args], capture_output=True, text=True, env=self.env, timeout=timeout)
+        if check and res.returncode != 0:
+            pytest.fail(f"helm {' '.join(args)} exited {res.returncode}:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+                        f"\n{self.diagnose()}")
+        return res
+
+    def pods(self, namespace: str, selector: str) -> list:
+        return [p for p in self.k.core.list_namespaced_pod(namespace, label_selector=selector).items
+                if p.metadata.deletion_timestamp is None]
+
+    def component(self, name: str, release: str = RELEASE) -> list:
+        return self.pods(NS, f"app.kubernetes.io/instance={release},app.kubernetes.io/component={name}")
+
+    def ready(self, pod) -> bool:
+        return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+    def engine_pod(self):
+        live = self.pods(APP_NS, f"app.kubernetes.io/instance={NAME}")
+        return live[0] if len(live) == 1 else None
+
+    def prometheus(self, query: str) -> list[dict]:
+        """A query to the Prometheus Operator's Prometheus, at its pod (the host is on the pod network)."""
+        (pod,) = self.pods(MONITORING, "app.kubernetes.io/name=prometheus")
+        url = f"http://{pod.status.pod_ip}:9090/api/v1/query?query={urllib.parse.quote(query)}"
+        return json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]["result"]
+
+    def diagnose(self) -> str:
+        parts = [f"InferenceDeployment status: {self.k.status(APP_NS, NAME)}"]
+        for ns in (NS, APP_NS, MONITORING):
+            try:
+                pods = self.k.core.list_namespaced_pod(ns).items
+            except Exception:  # noqa: BLE001 - the namespace may be gone
+                continue
+            for p in pods:
+                parts.append(f"pod {ns}/{p.metadata.name}: {p.status.phase} "
+                             f"{[(c.name, c.ready, c.restart_count, c.state) for c in p.status.container_statuses or []]}")
+                parts.append(f"events: {self.k.events(ns, p.metadata.name)}")
+                parts.append(self.cluster.pod_log(ns, p.metadata.name, 2500))
+        for name in ("kubelet", "prometheus-operator", "coredns"):
+            parts.append(f"--- {name}\n{self.cluster.log(name, 1500)}")
+        return "\n".join(parts)[-30000:]
+
+
+@pytest.fixture(scope="module")
+def admin(chart_cluster, tmp_path_factory):
+    from .conftest import helm_binary
+
+    work = tmp_path_factory.mktemp("helm")
+    a = Admin(chart_cluster, work, helm_binary())
+    a.k.namespace(APP_NS)
+    model_dir = str(Path(os.environ.get("CHUNKPILOT_CACHE", Path.home() / ".cache" / "chunkpilot"))
+                    / "models" / "SmolLM2-135M-Instruct")
+    a.model_dir = model_dir
+    # The images under the names the chart builds from image.repository and image.tag, as `docker push` of one
+    # tag would make them (scripts/image.sh names each by its own content hash).
+    for part in ("operator", "tuner"):
+        for tag in ("e2e-1", "e2e-2"):
+            chart_cluster.ctr("images", "tag", "--force", chart_cluster.image_names[part], f"{REPO}/{part}:{tag}")
+    a.values = work / "values.yaml"
+    a.values.write_text(yaml.safe_dump({
+        "image": {"repository": REPO, "tag": "e2e-1"},
+        "operator": {"engineImage": chart_cluster.image_names["engine"],
+                     "policy": {"allowedHostPaths": [model_dir]},
+                     "engineDefaultRequests": {"cpu": "500m", "memory": "2Gi"}},
+        "tuner": {"minRequests": 3},
+        "monitoring": {"serviceMonitor": {"enabled": True, "interval": "5s"}, "prometheusRule": {"enabled": True}},
+    }))
+    try:
+        yield a
+    finally:
+        if getattr(a, "watch", None) is not None:
+            a.watch.stopping.set()
+            a.watch.join(timeout=10)
+        if os.environ.get("CHUNKPILOT_HELM_TIMINGS"):
+            Path(os.environ["CHUNKPILOT_HELM_TIMINGS"]).write_text(json.dumps(TIMINGS, indent=2))
+
+
+def release_objects(a: Admin, release: str) -> list[str]:
+    """Every object of the kinds the chart makes that carries the release's instance label, cluster-wide."""
+    import kubernetes
+
+    sel = f"app.kubernetes.io/instance={release}"
+    rbac = kubernetes.client.RbacAuthorizationV1Api(a.k.api)
+    apps = kubernetes.client.AppsV1Api(a.k.api)
+    batch = kubernetes.client.BatchV1Api(a.k.api)
+    found = []
+    for kind, items in (("ClusterRole", rbac.list_cluster_role(label_selector=sel).items),
+                        ("ClusterRoleBinding", rbac.list_cluster_role_binding(label_selector=sel).items),
+                        ("Role", rbac.list_role_for_all_namespaces(label_selector=sel).items),
+                        ("RoleBinding", rbac.list_role_binding_for_all_namespaces(label_selector=sel).items),
+                        ("ServiceAccount", a.k.core.list_service_account_for_all_namespaces(label_selector=sel).items),
+                        ("Deployment", apps.list_deployment_for_all_namespaces(label_selector=sel).items),
+                        ("Job", batch.list_job_for_all_namespaces(label_selector=sel).items),
+                        ("Service", a.k.core.list_service_for_all_namespaces(label_selector=sel).items),
+                        ("ConfigMap", a.k.core.list_config_map_for_all_namespaces(label_selector=sel).items),
+                        ("PersistentVolumeClaim",
+                         a.k.core.list_persistent_volume_claim_for_all_namespaces(label_selector=sel).items)):
+        found += [f"{kind}/{o.metadata.name}" for o in items]
+    return sorted(found)
+
+
+def test_an_install_whose_image_cannot_be_pulled_fails_fast_and_leaves_no_hook_rights(admin):
+    """The hook Job runs the tuner image; when it cannot be pulled the release fails after the hook's deadline
+    (not Helm's 5 minutes), and the hook's ServiceAccount and ClusterRole (which may patch every
+    InferenceDeployment) are gone. `helm uninstall` then leaves only what the docs say it keeps."""
+    t0 = time.monotonic()
+    res = admin.helm("install", "broken", str(CHART), "-n", NS, "--create-namespace", "-f", str(admin.values),
+                     "--set", "image.tag=missing", "--set", "hooks.activeDeadlineSeconds=30", check=False)
+    took = time.monotonic() - t0
+    print(f"\nfailed install: {took:.0f} s: {res.stderr.strip()[-300:]}")
+    assert res.returncode != 0 and "DeadlineExceeded" in res.stderr + res.stdout, res.stderr
+    assert took < 120
+    status = json.loads(admin.helm("status", "broken", "-n", NS, "-o", "json").stdout)
+    assert status["info"]["status"] == "failed"
+    left = release_objects(admin, "broken")
+    assert not [o for o in left if "finalizer-cleanup" in o], left
+    admin.helm("uninstall", "broken", "-n", NS, "--wait")
+    left = release_objects(admin, "broken")
+    assert left == ["PersistentVolumeClaim/broken-chunkpilot-tuner-study"], left  # kept by design (docs/helm.md)
+    admin.k.core.delete_namespaced_persistent_volume_claim("broken-chunkpilot-tuner-study", NS)
+
+
+def test_helm_install_runs_operator_and_tuner_restricted_and_ready(admin):
+    t0 = time.monotonic()
+    admin.helm("install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "-f", str(admin.values),
+               "--wait", "--timeout", "5m")
+    TIMINGS["install_to_ready_s"] = time.monotonic() - t0
+    admin.install_started = t0
+    print(f"\nhelm install --wait: operator and tuner Ready in {TIMINGS['install_to_ready_s']:.1f} s")
+    status = json.loads(admin.helm("status", RELEASE, "-n", NS, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+    # the hook Job succeeded and took its rights with it
+    assert not [o for o in release_objects(admin, RELEASE) if "finalizer-cleanup" in o]
+    for component in ("operator", "tuner"):
+        (pod,) = admin.component(component)
+        assert admin.ready(pod), pod.status
+        (cs,) = pod.status.container_statuses
+        assert cs.restart_count == 0
+        uids, mounts = admin.cluster.container_mounts(cs.container_id)
+        assert uids == {"10001"} and "ro" in mounts["/"], (component, uids, mounts["/"])
+    (pvc,) = admin.k.core.list_namespaced_persistent_volume_claim(NS).items
+    assert pvc.status.phase == "Bound" and pvc.spec.storage_class_name == "local"
+    admin.study_volume = pvc.spec.volume_name
+    # the notes' sample is the repository's, and the API server takes it as it is (the model itself comes from
+    # the Hub, which nothing reaches here: server-side dry-run)
+    notes = admin.helm("get", "notes", RELEASE, "-n", NS).stdout
+    manifest = notes.split("<<'YAML'\n", 1)[1].split("  YAML\n", 1)[0]
+    sample_doc = yaml.safe_load((ROOT / "crds" / "samples" / "smollm2-hf.yaml").read_text())
+    assert yaml.safe_load(textwrap.dedent(manifest)) == sample_doc
+    admin.k.custom.create_namespaced_custom_object(GROUP, VERSION, APP_NS, PLURAL, sample_doc, dry_run="All")
+
+
+def test_helm_test_checks_the_api_the_policy_the_operator_and_prometheus(admin):
+    """The test pod exits 0 only when every check it was given passed (a failed one keeps the pod, so that
+    `helm test --logs` shows which); it was given all of them."""
+    hooks = [d for d in yaml.safe_load_all(admin.helm("get", "hooks", RELEASE, "-n", NS).stdout) if d]
+    (pod,) = [d for d in hooks if d["kind"] == "Pod" and d["metadata"]["annotations"]["helm.sh/hook"] == "test"]
+    command = " ".join(pod["spec"]["containers"][0]["command"])
+    assert "--admission-policy" in command and "--no-admission-policy" not in command
+    assert f"--prometheus-url=http://prometheus-operated.{MONITORING}.svc:9090" in command
+    assert "--operator-url=" in command
+    res = admin.helm("test", RELEASE, "-n", NS, "--timeout", "3m")
+    assert "Phase:          Succeeded" in res.stdout, res.stdout
+    # and the same command fails, saying why, where the cluster is not as the chart says: a Prometheus nobody serves
+    import sys
+
+    res = subprocess.run([str(Path(sys.executable).parent / "chunkpilot"), "check-install", "-n", "default",
+                          "--prometheus-url", "http://127.0.0.1:9", "--admission-policy"],
+                         capture_output=True, text=True, env=admin.env, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "ok   crd:" in res.stdout and "ok   schema:" in res.stdout, res.stdout
+    assert "ok   admission-policy:" in res.stdout and "is not allowed" in res.stdout
+    assert "FAIL prometheus: http://127.0.0.1:9/api/v1/status/buildinfo" in res.stdout, res.stdout
+
+
+def test_an_inference_deployment_is_scraped_through_its_service_monitor_and_served(admin):
+    body = sample(NAME, APP_NS, replicas=1, engine__resources={"gpus": 0}, engine__maxNumSeqs=8,
+                  model__source=f"hostpath://{admin.model_dir}", model__servedName=SERVED,
+                  scheduler__tokenBudget=64, scheduler__maxChunk=32,
+                  slo={"ttft": {"percentile": 0.99, "thresholdSeconds": 10.0},
+                       "itl": {"percentile": 0.99, "thresholdSeconds": 2.0}},
+                  # start-up knobs outside the bounds: the tuner's first trial is always a change (test_real_pods);
+                  # a window holds at least two of the operator's ServiceMonitor scrapes (every 15 s)
+                  tuning={"mode": "auto", "windowSeconds": 30, "warmupSeconds": 5, "maxTrials": 4,
+                          "bounds": {"tokenBudget": {"min": 96, "max": 256}, "maxChunk": {"min": 48, "max": 256}}},
+                  monitoring={"serviceMonitor": True})
+    t0 = time.monotonic()
+    admin.k.create(body)
+    poll(lambda: (p := admin.engine_pod()) and admin.ready(p), 300, "the engine pod Ready", admin.diagnose)
+    url = f"http://{admin.k.core.read_namespaced_service(NAME, APP_NS).spec.cluster_ip}:8000/v1"
+    admin.url = url
+
+    def first_token():
+        import openai
+
+        try:
+            return any(c.choices and c.choices[0].delta.content for c in chat(url, 8))
+        except openai.APIConnectionError:  # Ready before kube-proxy programmed the endpoint
+            return False
+    poll(first_token, 60, "a streamed token through the Service", admin.diagnose, interval=1)
+    TIMINGS["apply_to_first_token_s"] = time.monotonic() - t0
+    TIMINGS["install_to_first_token_s"] = time.monotonic() - admin.install_started
+    sm = admin.k.custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", APP_NS, "servicemonitors", NAME)
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    poll(lambda: [r["value"][1] for r in admin.prometheus(f'up{{namespace="{APP_NS}",service="{NAME}"}}')] == ["1"],
+         120, "the engine scraped through its ServiceMonitor", admin.diagnose, interval=2)
+    # the tuner's own series keep the namespace of the deployment they describe (honorLabels), not the tuner's
+    series = poll(lambda: admin.prometheus(f'{{__name__=~"chunkpilot:tuner_.*",deployment="{NAME}"}}'), 120,
+                  "the tuner's metrics scraped", admin.diagnose, interval=2)
+    assert {s["metric"].get("namespace") for s in series} == {APP_NS}, series[:2]
+    assert not any("exported_namespace" in s["metric"] for s in series)
+    print(f"\napply -> first token {TIMINGS['apply_to_first_token_s']:.1f} s; helm install -> first token "
+          f"{TIMINGS['install_to_first_token_s']:.1f} s")
+
+
+def test_the_tuner_pod_retunes_the_engine_without_a_restart(admin):
+    import openai
+
+    pod = admin.engine_pod()
+    uid, ip = pod.metadata.uid, pod.status.pod_ip
+    first = int(engine_metrics(ip)[m.SCHEDULER_GENERATION])
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def load():
+        while not stop.is_set():
+            try:
+                for _ in chat(admin.url, 16):
+                    pass
+            except openai.APIError as e:
+                errors.append(str(e))
+                time.sleep(0.5)
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        gen = poll(lambda: (g := int(engine_metrics(ip)[m.SCHEDULER_GENERATION])) > first and g, 480,
+                   "the engine applying the tuner pod's knobs", admin.diagnose, interval=1)
+        TIMINGS["install_to_tuned_knobs_s"] = time.monotonic() - admin.install_started
+        # and the trial measured to its end, so that the study on the volume has something to resume
+        poll(lambda: (admin.k.status(APP_NS, NAME).get("tuning") or {}).get("trial", 0) >= 1, 240,
+             "the tuner completing a trial", admin.diagnose, interval=2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=150)
+    st = admin.k.status(APP_NS, NAME)
+    assert st["scheduler"]["source"] == "tuner" and st["scheduler"]["generation"] >= gen
+    pod = admin.engine_pod()
+    assert pod.metadata.uid == uid and pod.status.container_statuses[0].restart_count == 0
+    assert not errors, errors[:3]
+    print(f"\nhelm install -> first tuned knobs applied {TIMINGS['install_to_tuned_knobs_s']:.1f} s "
+          f"(generation {first} -> {gen})")
+    # No request of the chart's ServiceAccounts was refused: the chart's RBAC covers what the pods do.
+    for component in ("operator", "tuner"):
+        user = f"system:serviceaccount:{NS}:{RELEASE}-chunkpilot-{component}"
+        events = admin.cluster.audit(user=user)
+        assert events, f"no request by {user} in the audit log"
+        refused = [(e["verb"], e.get("objectRef"), e["responseStatus"].get("code")) for e in events
+                   if e.get("responseStatus", {}).get("code") == 403]
+        assert not refused, refused[:5]
+
+
+class PodWatch(threading.Thread):
+    """Samples the operator's pods every 0.2 s during an upgrade: how many were running at once."""
+
+    def __init__(self, a: Admin) -> None:
+        super().__init__(daemon=True)
+        self.a, self.most, self.stopping = a, 0, threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.2):
+            try:
+                running = [p for p in self.a.component("operator")
+                           if any(c.state.running for c in p.status.container_statuses or [])]
+            except Exception:  # noqa: BLE001 - a transient API error: sample again
+                continue
+            with self.lock:
+                self.most = max(self.most, len(running))
+
+
+def test_helm_upgrade_to_a_new_operator_image_never_runs_two_operators(admin):
+    engine_rs = {r.metadata.name for r in admin.k.apps.list_namespaced_replica_set(APP_NS).items}
+    engine_uid = admin.engine_pod().metadata.uid
+    watch = PodWatch(admin)
+    watch.start()
+    try:
+        admin.helm("upgrade", RELEASE, str(CHART), "-n", NS, "-f", str(admin.values), "--set", "image.tag=e2e-2",
+                   "--wait", "--timeout", "5m")
+    finally:
+        watch.stopping.set()
+        watch.join(timeout=5)
+    (pod,) = admin.component("operator")
+    assert pod.spec.containers[0].image == f"{REPO}/operator:e2e-2" and admin.ready(pod)
+    with watch.lock:
+        assert watch.most == 1, f"{watch.most} operator pods ran at once"
+    # the engines were not rolled: same ReplicaSet, same pod
+    assert {r.metadata.name for r in admin.k.apps.list_namespaced_replica_set(APP_NS).items} == engine_rs
+    assert admin.engine_pod().metadata.uid == engine_uid
+
+
+def test_helm_rollback_returns_to_the_first_images(admin):
+    admin.helm("rollback", RELEASE, "1", "-n", NS, "--wait", "--timeout", "5m")
+    (pod,) = admin.component("operator")
+    assert pod.spec.containers[0].image == f"{REPO}/operator:e2e-1"
+    status = json.loads(admin.helm("status", RELEASE, "-n", NS, "-o", "json").stdout)
+    assert status["version"] == 3 and status["info"]["status"] == "deployed"
+
+
+def test_helm_uninstall_keeps_the_crds_the_study_and_the_running_engines(admin):
+    import kubernetes
+
+    admin.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
+    left = release_objects(admin, RELEASE)
+    assert left == [f"PersistentVolumeClaim/{RELEASE}-chunkpilot-tuner-study"], left
+    ext = kubernetes.client.ApiextensionsV1Api(admin.k.api)
+    assert ext.read_custom_resource_definition(f"{PLURAL}.{GROUP}")
+    # Engines keep serving with the knobs they have; nothing reconciles or tunes them until a reinstall.
+    assert admin.k.custom.get_namespaced_custom_object(GROUP, VERSION, APP_NS, PLURAL, NAME)
+    assert any(c.choices and c.choices[0].delta.content for c in chat(admin.url, 4))
+
+
+def test_a_reinstall_adopts_the_kept_study_and_resumes_it(admin):
+    admin.helm("install", RELEASE, str(CHART), "-n", NS, "-f", str(admin.values), "--wait", "--timeout", "5m")
+    (pvc,) = admin.k.core.list_namespaced_persistent_volume_claim(NS).items
+    assert pvc.spec.volume_name == admin.study_volume  # the same volume, so the same study.db
+    (pod,) = admin.component("tuner")
+    # the trial the first install's tuner completed is in the study the new tuner pod opens
+    poll(lambda: "resumed with" in admin.cluster.pod_log(NS, pod.metadata.name), 120,
+         "the tuner resuming its study", admin.diagnose, interval=2)
+    admin.helm("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
