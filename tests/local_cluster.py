@@ -415,8 +415,7 @@ state = "{self.containerd_run / 'state'}"
 
         pods = kubernetes.client.CoreV1Api(self.api()).list_namespaced_pod(
             MONITORING, label_selector="app.kubernetes.io/name=prometheus").items
-        return any(all(c.ready for c in p.status.container_statuses or [False]) and p.status.container_statuses
-                   for p in pods)
+        return any(p.status.container_statuses and all(c.ready for c in p.status.container_statuses) for p in pods)
 
     def _start(self) -> None:
         super()._start()

@@ -34,8 +34,8 @@ from chunkpilot.api.types import GROUP, PLURAL, VERSION
 from chunkpilot.contract import metric_names as m
 
 from ..local_cluster import MONITORING
-from ..operator.operator_proc import Cluster, sample
-from .test_real_pods import chat, engine_metrics, poll
+from ..operator.operator_proc import Cluster
+from .test_real_pods import Load, chat, engine_metrics, first_token, poll, tunable_deployment
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,30 +235,15 @@ def test_helm_test_checks_the_api_the_policy_the_operator_and_prometheus(admin):
 
 
 def test_an_inference_deployment_is_scraped_through_its_service_monitor_and_served(admin):
-    body = sample(NAME, APP_NS, replicas=1, engine__resources={"gpus": 0}, engine__maxNumSeqs=8,
-                  model__source=f"hostpath://{admin.model_dir}", model__servedName=SERVED,
-                  scheduler__tokenBudget=64, scheduler__maxChunk=32,
-                  slo={"ttft": {"percentile": 0.99, "thresholdSeconds": 10.0},
-                       "itl": {"percentile": 0.99, "thresholdSeconds": 2.0}},
-                  # start-up knobs outside the bounds: the tuner's first trial is always a change (test_real_pods);
-                  # a window holds at least two of the operator's ServiceMonitor scrapes (every 15 s)
-                  tuning={"mode": "auto", "windowSeconds": 30, "warmupSeconds": 5, "maxTrials": 4,
-                          "bounds": {"tokenBudget": {"min": 96, "max": 256}, "maxChunk": {"min": 48, "max": 256}}},
-                  monitoring={"serviceMonitor": True})
+    # a window holds at least two of the operator's ServiceMonitor scrapes (every 15 s)
+    body = tunable_deployment(NAME, APP_NS, admin.model_dir, window=30, warmup=5, service_monitor=True)
     t0 = time.monotonic()
     admin.k.create(body)
     poll(lambda: (p := admin.engine_pod()) and admin.ready(p), 300, "the engine pod Ready", admin.diagnose)
     url = f"http://{admin.k.core.read_namespaced_service(NAME, APP_NS).spec.cluster_ip}:8000/v1"
     admin.url = url
 
-    def first_token():
-        import openai
-
-        try:
-            return any(c.choices and c.choices[0].delta.content for c in chat(url, 8))
-        except openai.APIConnectionError:  # Ready before kube-proxy programmed the endpoint
-            return False
-    poll(first_token, 60, "a streamed token through the Service", admin.diagnose, interval=1)
+    poll(lambda: first_token(url), 60, "a streamed token through the Service", admin.diagnose, interval=1)
     TIMINGS["apply_to_first_token_s"] = time.monotonic() - t0
     TIMINGS["install_to_first_token_s"] = time.monotonic() - admin.install_started
     sm = admin.k.custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", APP_NS, "servicemonitors", NAME)
@@ -275,36 +260,17 @@ def test_an_inference_deployment_is_scraped_through_its_service_monitor_and_serv
 
 
 def test_the_tuner_pod_retunes_the_engine_without_a_restart(admin):
-    import openai
-
     pod = admin.engine_pod()
     uid, ip = pod.metadata.uid, pod.status.pod_ip
     first = int(engine_metrics(ip)[m.SCHEDULER_GENERATION])
-    stop = threading.Event()
-    errors: list[str] = []
-
-    def load():
-        while not stop.is_set():
-            try:
-                for _ in chat(admin.url, 16):
-                    pass
-            except openai.APIError as e:
-                errors.append(str(e))
-                time.sleep(0.5)
-    threads = [threading.Thread(target=load, daemon=True) for _ in range(3)]
-    for t in threads:
-        t.start()
-    try:
+    with Load(admin.url) as load:
         gen = poll(lambda: (g := int(engine_metrics(ip)[m.SCHEDULER_GENERATION])) > first and g, 480,
                    "the engine applying the tuner pod's knobs", admin.diagnose, interval=1)
         TIMINGS["install_to_tuned_knobs_s"] = time.monotonic() - admin.install_started
         # and the trial measured to its end, so that the study on the volume has something to resume
         poll(lambda: (admin.k.status(APP_NS, NAME).get("tuning") or {}).get("trial", 0) >= 1, 240,
              "the tuner completing a trial", admin.diagnose, interval=2)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=150)
+    errors = load.errors
     st = admin.k.status(APP_NS, NAME)
     assert st["scheduler"]["source"] == "tuner" and st["scheduler"]["generation"] >= gen
     pod = admin.engine_pod()
@@ -367,6 +333,40 @@ def test_helm_rollback_returns_to_the_first_images(admin):
     assert pod.spec.containers[0].image == f"{REPO}/operator:e2e-1"
     status = json.loads(admin.helm("status", RELEASE, "-n", NS, "-o", "json").stdout)
     assert status["version"] == 3 and status["info"]["status"] == "deployed"
+
+
+def test_two_operator_replicas_elect_one_and_the_other_stands_by(admin):
+    """More than one replica: the chart's peering object, a random priority per pod, and exactly one acting
+    (kopf pauses the other), with the rights peering needs (no 403)."""
+    mark = admin.cluster.audit_mark()
+    admin.helm("upgrade", RELEASE, str(CHART), "-n", NS, "-f", str(admin.values), "--set", "operator.replicas=2",
+               "--wait", "--timeout", "5m")
+    pods = admin.component("operator")
+    assert len(pods) == 2 and all(admin.ready(p) for p in pods)
+    name = f"{RELEASE}-chunkpilot-operator"
+
+    def state() -> dict:
+        """What peering looks like now: the peers kopf recorded, and which pods logged a pause or a conflict."""
+        obj = admin.k.custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
+        logs = {p.metadata.name: admin.cluster.pod_log(NS, p.metadata.name, 50000) for p in pods}
+        return {"priorities": sorted(v["priority"] for v in (obj.get("status") or {}).values() if isinstance(v, dict)),
+                "paused": sorted(n for n, log in logs.items() if "Pausing operations in favour of" in log),
+                "conflicts": sorted(n for n, log in logs.items() if "Possibly conflicting operators" in log)}
+
+    def settled() -> bool:
+        s = state()
+        return len(set(s["priorities"])) == 2 and len(s["paused"]) == 1
+    # Polled as one state (the pods start within a second of each other, so either may write or pause first);
+    # the failure message shows that state.
+    deadline = time.monotonic() + 90
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(1)
+    final = state()
+    assert settled() and not final["conflicts"], final
+    user = f"system:serviceaccount:{NS}:{name}"
+    refused = [e.get("objectRef") for e in admin.cluster.audit(user=user, since=mark)
+               if e.get("responseStatus", {}).get("code") == 403]
+    assert not refused, refused[:5]
 
 
 def test_helm_uninstall_keeps_the_crds_the_study_and_the_running_engines(admin):

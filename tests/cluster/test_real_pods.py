@@ -221,19 +221,66 @@ def chat(url: str, max_tokens: int, **extra):
                                           max_tokens=max_tokens, temperature=0, stream=True, extra_body=extra)
 
 
-def test_apply_runs_a_pod_that_answers_through_its_service(stack):
-    """Apply -> scheduled -> image unpacked, model mounted from the node -> startup probe passes on /ready -> the
-    Service routes a streamed chat completion to it. As the non-root user, on a read-only root filesystem."""
-    body = sample(NAME, NS, replicas=1, engine__resources={"gpus": 0}, engine__maxNumSeqs=8,
-                  model__source=f"hostpath://{stack.model_dir}", model__servedName=SERVED,
+class Load:
+    """Streamed chat completions through the Service, `streams` at a time, for as long as the `with` block runs;
+    API errors are collected in `errors` (the caller fails on them), under the GIL's list.append."""
+
+    def __init__(self, url: str, streams: int = 3) -> None:
+        self.url, self.errors, self.stop = url, [], threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(streams)]
+
+    def _run(self) -> None:
+        import openai
+
+        while not self.stop.is_set():
+            try:
+                for _ in chat(self.url, 16):
+                    pass
+            except openai.APIError as e:
+                self.errors.append(str(e))
+                time.sleep(0.5)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=150)
+
+
+def tunable_deployment(name: str, namespace: str, model_dir: str, *, window: int, warmup: int,
+                       service_monitor: bool) -> dict:
+    """SmolLM2 from the node's cache on one CPU pod, auto-tuned with short windows."""
+    return sample(name, namespace, replicas=1, engine__resources={"gpus": 0}, engine__maxNumSeqs=8,
+                  model__source=f"hostpath://{model_dir}", model__servedName=SERVED,
                   scheduler__tokenBudget=64, scheduler__maxChunk=32,
                   slo={"ttft": {"percentile": 0.99, "thresholdSeconds": 10.0},
                        "itl": {"percentile": 0.99, "thresholdSeconds": 2.0}},
                   # the start-up knobs 64/32 lie outside the bounds, so the tuner's first trial is a change, whatever
                   # it predicts best (inside them, the first pick may be the running knobs, and no change to see)
-                  tuning={"mode": "auto", "windowSeconds": 10, "warmupSeconds": 2, "maxTrials": 4,
+                  tuning={"mode": "auto", "windowSeconds": window, "warmupSeconds": warmup, "maxTrials": 4,
                           "bounds": {"tokenBudget": {"min": 96, "max": 256}, "maxChunk": {"min": 48, "max": 256}}},
-                  monitoring={"serviceMonitor": False})
+                  monitoring={"serviceMonitor": service_monitor})
+
+
+def first_token(url: str) -> bool:
+    """A streamed token came back through the Service (False: refused, as when the pod is Ready before kube-proxy
+    programmed its endpoint)."""
+    import openai
+
+    try:
+        return any(c.choices and c.choices[0].delta.content for c in chat(url, 8))
+    except openai.APIConnectionError:
+        return False
+
+
+def test_apply_runs_a_pod_that_answers_through_its_service(stack):
+    """Apply -> scheduled -> image unpacked, model mounted from the node -> startup probe passes on /ready -> the
+    Service routes a streamed chat completion to it. As the non-root user, on a read-only root filesystem."""
+    body = tunable_deployment(NAME, NS, stack.model_dir, window=10, warmup=2, service_monitor=False)
     t0 = time.monotonic()
     stack.k.create(body)
     pod = poll(lambda: (p := stack.pod()) and p.spec.node_name and p, 60, "the pod scheduled", stack.diagnose)
@@ -244,16 +291,7 @@ def test_apply_runs_a_pod_that_answers_through_its_service(stack):
     TIMINGS["apply_to_ready_s"] = time.monotonic() - t0
     url = stack.service_url()
 
-    def first_token():
-        import openai
-
-        try:
-            for chunk in chat(url, 8):
-                if chunk.choices and chunk.choices[0].delta.content:
-                    return True
-        except openai.APIConnectionError:  # Ready, but kube-proxy may not have programmed the endpoint yet
-            return False
-    poll(first_token, 60, "a streamed token through the Service", stack.diagnose, interval=1)
+    poll(lambda: first_token(url), 60, "a streamed token through the Service", stack.diagnose, interval=1)
     TIMINGS["apply_to_first_token_s"] = time.monotonic() - t0
     print(f"\napply -> scheduled {TIMINGS['apply_to_scheduled_s']:.1f} s, -> Ready "
           f"{TIMINGS['apply_to_ready_s']:.1f} s, -> first token through the Service "
@@ -282,34 +320,14 @@ def test_the_tuner_retunes_the_running_pod_through_the_configmap(stack):
     """Load through the Service; the tuner measures it through Prometheus and writes new knobs to status; the
     operator writes the ConfigMap; the kubelet syncs the volume; the engine applies them. The same container
     throughout (no restart), and the engine's metrics carry the new generation."""
-    import openai
-
     pod = stack.pod()
     assert pod is not None and pod.metadata.uid == stack.pod_uid
     poll(stack.scraped, 60, "Prometheus finding and scraping the pod", stack.diagnose)
     first, watch = stack.first_generation, stack.watch
-    stop = threading.Event()
-    errors: list[str] = []
-
-    def load():
-        url = stack.service_url()
-        while not stop.is_set():
-            try:
-                for _ in chat(url, 16):
-                    pass
-            except openai.APIError as e:  # noted, and failed on below
-                errors.append(str(e))
-                time.sleep(0.5)
-    threads = [threading.Thread(target=load, daemon=True) for _ in range(3)]
-    for t in threads:
-        t.start()
-    try:
+    with Load(stack.service_url()) as load:
         gen = poll(lambda: next((g for g in watch.generations("engine") if g > first), None), 480,
                    "the engine applying the tuner's knobs", stack.diagnose)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=150)
+    errors = load.errors
     written, synced, applied = (watch.first_seen(w, gen) for w in ("status", "configmap", "engine"))
     assert written is not None and synced is not None and applied is not None, watch.seen
     TIMINGS["status_to_configmap_s"] = synced - written
