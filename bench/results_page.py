@@ -210,21 +210,37 @@ def autoscale(d: dict) -> list[str]:
             f"met in {t['targets_met_vs_tuned-once']} of {len(d['per_seed'])} seeds)."]
 
 
-def local_cluster(d: dict) -> list[str]:
-    phases = {"apply_to_scheduled_s": "apply → scheduled", "apply_to_ready_s": "apply → Ready (startup probe)",
-              "apply_to_first_token_s": "apply → first token through the Service",
-              "status_to_configmap_s": "knobs in status → ConfigMap (the operator)",
-              "configmap_to_engine_s": "ConfigMap → engine applied (the kubelet's volume sync)",
-              "delete_to_pod_gone_s": "delete → pod gone (preStop, drain)"}
+def _timings(d: dict, phases: dict[str, str], closing: str) -> list[str]:
+    """Median and per-run seconds of each phase a cluster benchmark timed, and what the runs passed."""
     runs = d["runs"]
     rows = [[label, f"**{d['medians'][k]:.1f} s**", ", ".join(f"{r[k]:.1f}" for r in runs if k in r)]
             for k, label in phases.items() if k in d["medians"]]
-    passed = sum(r["passed"] for r in runs)
-    return table(["", "median", "runs"], rows) + [
-        "", f"{passed} of {len(runs)} runs passed every check of `tests/cluster/` (the engine image against its "
-            "Dockerfile, then apply, tune and delete). Each phase is timed by polling every 0.25 s (status and "
-            "ConfigMap: the operator writes within one poll). The knob change waits for the kubelet's periodic pod "
-            "sync (`syncFrequency`, 1 min by default, plus jitter): anywhere from a second to about 90 s."]
+    return table(["", "median", "runs"], rows) + ["", f"{sum(r['passed'] for r in runs)} of {len(runs)} {closing}"]
+
+
+def local_cluster(d: dict) -> list[str]:
+    return _timings(d, {
+        "apply_to_scheduled_s": "apply → scheduled", "apply_to_ready_s": "apply → Ready (startup probe)",
+        "apply_to_first_token_s": "apply → first token through the Service",
+        "status_to_configmap_s": "knobs in status → ConfigMap (the operator)",
+        "configmap_to_engine_s": "ConfigMap → engine applied (the kubelet's volume sync)",
+        "delete_to_pod_gone_s": "delete → pod gone (preStop, drain)"},
+        "runs passed every check of `tests/cluster/` (the engine image against its Dockerfile, then apply, tune "
+        "and delete). Each phase is timed by polling every 0.25 s (status and ConfigMap: the operator writes within "
+        "one poll). The knob change waits for the kubelet's periodic pod sync (`syncFrequency`, 1 min by default, "
+        "plus jitter): anywhere from a second to about 90 s.")
+
+
+def helm_install(d: dict) -> list[str]:
+    return _timings(d, {
+        "install_to_ready_s": "`helm install --wait` → operator and tuner Ready",
+        "apply_to_first_token_s": "apply the InferenceDeployment → first token through its Service",
+        "install_to_first_token_s": "`helm install` → first token (install, `helm test`, apply)",
+        "install_to_tuned_knobs_s": "`helm install` → the tuner pod's first knobs applied by the engine"},
+        "runs passed every check of `tests/cluster/test_helm_install.py` (a failed install, install, `helm test`, "
+        "scrape through the ServiceMonitor, a tuned trial, upgrade, rollback, uninstall, reinstall). The tuned "
+        "knobs wait for Prometheus to scrape the new pod, for the tuner's first pick and for the kubelet's "
+        "ConfigMap volume sync (about a minute).")
 
 
 @dataclass(frozen=True)
@@ -257,6 +273,8 @@ SECTIONS = (
     Section("tensor_parallel", "Tensor parallelism", "python bench/tensor_parallel.py", tensor_parallel),
     Section("local_cluster", "One node, real kubelet: first-day timings", "python bench/local_cluster.py --runs 3",
             local_cluster),
+    Section("helm_install", "helm install on a real node", "python bench/local_cluster.py --suite helm --runs 3",
+            helm_install),
 )
 
 

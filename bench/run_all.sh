@@ -22,6 +22,8 @@ echo "== tuner_vs_grid under contention noise"
 "$PY" bench/tuner_vs_grid.py --guidance model --contention 1.0 --out tuner_vs_grid_contention
 echo "== local_cluster (a real kubelet: needs root; three fresh clusters)"
 "$PY" bench/local_cluster.py --runs 3
+echo "== helm_install (helm install into a real kubelet: needs root; three fresh clusters)"
+"$PY" bench/local_cluster.py --suite helm --runs 3
 echo "== demo_runs (three demos in a row)"
 "$PY" bench/demo_runs.py --runs 3
 "$PY" bench/results_page.py
