@@ -337,7 +337,7 @@ def test_helm_rollback_returns_to_the_first_images(admin):
 
 def test_two_operator_replicas_join_the_charts_peering_object_with_their_own_priorities(admin):
     """More than one replica: the chart's peering object, where each pod records itself with a priority of its own
-    (equal priorities would all act), with the rights peering needs (no 403). Which replica acts is kopf's; on this
+    (with equal priorities kopf pauses them all), with the rights peering needs (no 403). Which replica acts is kopf's; on this
     node the pause of the lower one was not seen reliably within 90 s (issue 35's notes), so it is not asserted."""
     mark = admin.cluster.audit_mark()
     admin.helm("upgrade", RELEASE, str(CHART), "-n", NS, "-f", str(admin.values), "--set", "operator.replicas=2",

@@ -77,7 +77,7 @@ def run_checks(api, namespace: str, operator_url: str | None, prometheus_url: st
     if admission_policy:
         status, message = _dry_run_create(api, namespace, sample("chunkpilot-install-check", FORBIDDEN_SOURCE))
         checks.append(Check("admission-policy", status in (403, 422) and "allowedHostPaths" in message,
-                            f"a spec naming {FORBIDDEN_SOURCE}: HTTP {status} {message[:300]}"))
+                            f"a spec naming {FORBIDDEN_SOURCE}: HTTP {status} {message[:600]}"))
     if operator_url:
         status, body = _get(operator_url)
         checks.append(Check("operator", status == 200, f"{operator_url}: HTTP {status} {body[:200]}"))

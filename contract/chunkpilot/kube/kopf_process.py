@@ -18,8 +18,8 @@ class KopfProcess:
     prefix: str  # annotation prefix for kopf's progress, diff-base and finalizer
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     peering: str | None = None  # None: standalone
-    # kopf peering pauses every replica that sees a peer of higher priority, and lets peers of equal priority all
-    # act (it only warns). Replicas of one Deployment share their arguments, so None draws a random priority per
+    # kopf peering pauses every replica that sees a peer of higher priority, and pauses all of them, itself too, when
+    # peers share a priority (kopf 1.45, peering.process_peering_event). Replicas of one Deployment share their arguments, so None draws a random priority per
     # process: one of them acts, the others stand by until its peering record expires.
     priority: int | None = None
     liveness: str | None = None
