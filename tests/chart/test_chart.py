@@ -152,8 +152,9 @@ def test_pods_run_restricted_and_the_study_survives_uninstall():
     ext = docs(render(next(v for v in VALUES if v.stem == "external-db")))
     assert not any(o["kind"] == "PersistentVolumeClaim" for o in ext)
     tuner = next(o for o in ext if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("tuner"))
-    env = tuner["spec"]["template"]["spec"]["containers"][0]["env"][0]
-    assert env["valueFrom"]["secretKeyRef"] == {"name": "tuner-db", "key": "url"}
+    env = {e["name"]: e for e in tuner["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_ID"]["valueFrom"]["fieldRef"] == {"fieldPath": "metadata.name"}  # kopf's peering identity
+    assert env["CHUNKPILOT_TUNER_STORAGE"]["valueFrom"]["secretKeyRef"] == {"name": "tuner-db", "key": "url"}
     roles = [o for o in ext if o["kind"] in ("Role", "ClusterRole")]
     assert all("*" not in v for r in roles for rule in r["rules"] for v in rule["verbs"] + rule["resources"])
 

@@ -335,10 +335,21 @@ def test_helm_rollback_returns_to_the_first_images(admin):
     assert status["version"] == 3 and status["info"]["status"] == "deployed"
 
 
-def test_two_operator_replicas_join_the_charts_peering_object_with_their_own_priorities(admin):
-    """More than one replica: the chart's peering object, where each pod records itself with a priority of its own
-    (with equal priorities kopf pauses them all), with the rights peering needs (no 403). Which replica acts is kopf's; on this
-    node the pause of the lower one was not seen reliably within 90 s (issue 35's notes), so it is not asserted."""
+PAUSED, RESUMED = "Pausing operations in favour of", "Resuming operations after the pause"
+
+
+def peering_state(log: str) -> str:
+    """What kopf last said about this replica's pause. With a peering name kopf's peering is mandatory, so a replica
+    starts paused and says nothing until it finds itself the highest live priority ("Resuming ...") or, having resumed
+    alone first, meets a higher one ("Pausing ...")."""
+    last = max((log.rfind(PAUSED), "paused"), (log.rfind(RESUMED), "acting"))
+    return last[1] if last[0] >= 0 else "paused"
+
+
+def test_two_operator_replicas_one_acts_the_highest_priority(admin):
+    """More than one replica: each pod records itself in the chart's peering object under its own name (POD_ID) with a
+    priority of its own (with equal priorities kopf pauses them all); exactly the highest one acts, the other stands
+    by, with the rights peering needs (no 403)."""
     mark = admin.cluster.audit_mark()
     admin.helm("upgrade", RELEASE, str(CHART), "-n", NS, "-f", str(admin.values), "--set", "operator.replicas=2",
                "--wait", "--timeout", "5m")
@@ -346,12 +357,20 @@ def test_two_operator_replicas_join_the_charts_peering_object_with_their_own_pri
     assert len(pods) == 2 and all(admin.ready(p) for p in pods)
     name = f"{RELEASE}-chunkpilot-operator"
 
-    def priorities() -> list[int]:
+    def priorities() -> dict[str, int]:
         obj = admin.k.custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
-        return [v["priority"] for v in (obj.get("status") or {}).values() if isinstance(v, dict)]
+        return {k: v["priority"] for k, v in (obj.get("status") or {}).items() if isinstance(v, dict)}
     found = poll(lambda: len(priorities()) == 2 and priorities(), 60, "both replicas in the peering object",
                  admin.diagnose)
-    assert len(set(found)) == 2 and min(found) > 0, found
+    assert sorted(found) == sorted(p.metadata.name for p in pods), found
+    assert len(set(found.values())) == 2 and min(found.values()) > 0, found
+    leader = max(found, key=found.get)
+
+    def states() -> dict[str, str]:
+        return {p: peering_state(admin.cluster.pod_log(NS, p, 10**7)) for p in found}
+    want = {p: "acting" if p == leader else "paused" for p in found}
+    poll(lambda: states() == want, 90, f"only {leader}, the highest priority of {found}, acting",
+         lambda: f"{states()}\n{admin.diagnose()}", interval=2)
     user = f"system:serviceaccount:{NS}:{name}"
     refused = [e.get("objectRef") for e in admin.cluster.audit(user=user, since=mark)
                if e.get("responseStatus", {}).get("code") == 403]
