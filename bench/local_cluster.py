@@ -30,8 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SUITES = {  # name: (results name, test file, the env var it writes its timings to, phases, title)
     "pods": ("local_cluster", "tests/cluster/test_real_pods.py", "CHUNKPILOT_CLUSTER_TIMINGS",
              {"apply_to_scheduled_s": "apply → scheduled", "apply_to_ready_s": "apply → Ready",
-              "apply_to_first_token_s": "apply → first token", "status_to_configmap_s": "status → ConfigMap",
-              "configmap_to_engine_s": "ConfigMap → engine applied", "delete_to_pod_gone_s": "delete → pod gone"},
+              "apply_to_first_token_s": "apply → first token", "status_to_configmap_s": "tuner write → ConfigMap",
+              "write_to_engine_s": "tuner write → engine applied", "write_to_ack_s": "tuner write → acknowledged",
+              "delete_to_pod_gone_s": "delete → pod gone"},
              "One node, real kubelet: first-day timings"),
     "helm": ("helm_install", "tests/cluster/test_helm_install.py", "CHUNKPILOT_HELM_TIMINGS",
              {"install_to_ready_s": "helm install → operator, tuner Ready",

@@ -264,7 +264,7 @@ def test_the_charts_arguments_are_what_the_commands_accept(monkeypatch, sets, po
     tuner_args = [a for a in _args(text, "tuner") if not a.startswith("--metrics-port")] + ["--metrics-port", "0"]
     res = CliRunner().invoke(app, ["tuner", "run", *tuner_args])
     assert res.exit_code == 0, res.output
-    assert seen["tuner"].apply_timeout == 180
+    assert seen["tuner"].apply_timeout == 30
 
 
 # -- what a cluster admin meets on the first day (issue: `helm install` for real) --------------------------------------

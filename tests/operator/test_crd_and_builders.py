@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from chunkpilot.api import InferenceDeployment
-from chunkpilot.api.types import EnvVar
+from chunkpilot.api.types import EnvVar, SchedulerStatus
 from chunkpilot.api.crd import CRD_FILENAME, crd_manifest, render
 from chunkpilot.operator import builders as b
 from chunkpilot.operator.policy import Policy
@@ -199,10 +199,10 @@ def test_knob_change_touches_only_the_configmap():
     obj = load(SMOL)
     before = b.desired_objects(obj)
     tuned = copy.deepcopy(obj)
-    tuned.status.scheduler = b.SchedulerStatus(tokenBudget=256, maxChunk=32, source="tuner", generation=7)
+    tuned.status.scheduler = SchedulerStatus(tokenBudget=256, maxChunk=32, source="tuner", generation=7)
     after = b.desired_objects(tuned)
     changed = [x["kind"] for x, y in zip(before, after) if x != y]
-    assert changed == ["ConfigMap"]
+    assert changed == ["ConfigMap"]  # not the Deployment: a knob change never restarts a pod
     advisory = load(GPU)  # advisory mode: the tuner's knobs are never applied
     advisory.status.scheduler = tuned.status.scheduler
     assert '"max_chunk": 512, "token_budget": 2048' in b.desired_objects(advisory, SAMPLE_SETTINGS)[0]["data"]["knobs.json"]

@@ -7,11 +7,13 @@ import copy
 import pytest
 from pydantic import ValidationError
 
-from chunkpilot.api.types import Condition, InferenceDeploymentSpec, SchedulerStatus
+from chunkpilot.api.types import (Condition, InferenceDeploymentSpec, KnobsStatus, SchedulerStatus,
+                                  desired_knobs)
+from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.kube.conditions import merge_conditions
 from chunkpilot.operator import builders
 from chunkpilot.operator.apply import APPLIED_HASH, is_subset, plan, with_hash
-from chunkpilot.operator.conditions import Problem, deployment_conditions, status_patch
+from chunkpilot.operator.conditions import OPERATOR_STATUS_FIELDS, Problem, deployment_conditions, status_patch
 from chunkpilot.operator.reconciler import spec_error_message
 
 from .test_crd_and_builders import SMOL, load
@@ -51,18 +53,33 @@ def test_subset_matches_int_or_string_spellings_but_not_different_lists():
     assert not is_subset({"enabled": True}, {"enabled": "True"})
 
 
-def test_knob_generation_moves_only_when_the_values_do():
+def test_desired_knobs_have_one_owner_per_mode_and_a_generation_that_only_grows():
     obj = load(SMOL)
-    first = builders.effective_knobs(obj)
-    assert (first.token_budget, first.max_chunk, first.source, first.generation) == (128, 64, "spec", 1)
-    obj.status.scheduler = first
-    assert builders.effective_knobs(obj) == first  # unchanged spec: same generation, no ConfigMap write
-    obj.spec.scheduler.token_budget = 256
-    assert builders.effective_knobs(obj).generation == 2
+    obj.metadata["generation"] = 1
+    assert desired_knobs(obj) == (SchedulerKnobs(128, 64, 1), "spec")
+    assert desired_knobs(obj) == desired_knobs(obj)  # pure: the same object, the same knobs and generation
+    obj.spec.scheduler.token_budget, obj.metadata["generation"] = 256, 2  # a spec edit bumps metadata.generation
+    assert desired_knobs(obj) == (SchedulerKnobs(256, 64, 2), "spec")
+    seen = [2]
     obj.status.scheduler = SchedulerStatus(tokenBudget=96, maxChunk=32, source="tuner", generation=9)
-    assert builders.effective_knobs(obj).token_budget == 96  # auto mode: the tuner's knobs win
-    obj.spec.tuning.mode = "advisory"
-    assert builders.effective_knobs(obj).generation == 10  # back to the spec's, newer than the tuner's
+    assert desired_knobs(obj) == (SchedulerKnobs(96, 32, 9), "tuner")  # auto mode: the tuner's alone
+    seen.append(9)
+    obj.spec.tuning.mode, obj.metadata["generation"] = "advisory", 3
+    knobs, source = desired_knobs(obj)  # back to the spec's: newer than anything the tuner wrote
+    assert (knobs.knobs, source) == (obj.spec.scheduler.knobs, "spec") and knobs.generation == 12
+    seen.append(knobs.generation)
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+
+
+def test_the_operator_never_writes_the_tuners_knobs():
+    """One writer per field: status.scheduler is the tuner's; the operator's patch cannot carry it."""
+    assert "scheduler" not in OPERATOR_STATUS_FIELDS
+    obj = load(SMOL)
+    obj.status.scheduler = SchedulerStatus(tokenBudget=96, maxChunk=32, source="tuner", generation=9)
+    knobs = KnobsStatus(tokenBudget=96, maxChunk=32, generation=9, source="tuner")
+    patch = status_patch({"scheduler": {"tokenBudget": 1}}, deploy=None, desired_replicas=1, generation=1,
+                         selector="a=b", knobs=knobs, problem=None, now="t")
+    assert "scheduler" not in patch and patch["knobs"]["generation"] == 9
 
 
 def test_conditions_follow_a_rollout():
@@ -99,7 +116,7 @@ def test_merge_keeps_the_tuners_conditions_and_transition_times():
 
 
 def test_status_patch_is_none_when_nothing_changed():
-    kw = dict(deploy=None, desired_replicas=1, generation=1, selector="a=b", scheduler=None, problem=None, now="t")
+    kw = dict(deploy=None, desired_replicas=1, generation=1, selector="a=b", knobs=None, problem=None, now="t")
     first = status_patch({}, **kw)
     assert first is not None and first["observedGeneration"] == 1
     assert status_patch(first, **{**kw, "now": "later"}) is None

@@ -12,7 +12,6 @@ import pytest
 from chunkpilot.api.types import Condition, TuningStatus
 from chunkpilot.kube.client import Kube
 from chunkpilot.tuner.daemon import ClusterConfig, StatusActuator, StatusWriter, start_knobs, tuning_config
-from chunkpilot.tuner.prometheus import PrometheusSource
 from chunkpilot.tuner.space import Knobs
 
 from ..engine.server_proc import wait_for
@@ -35,7 +34,7 @@ def test_tuning_config_follows_the_spec_and_fingerprints_the_targets():
     c = tuning_config("ns", "x", spec, CLUSTER)
     assert c.settings.mode == "auto" and c.slo.itl is not None and c.deployment.startswith("ns/x@")
     assert c.budget_bounds[0] >= spec["engine"]["maxNumSeqs"]
-    assert c.settings.apply_timeout >= 120  # the kubelet syncs ConfigMap volumes about once a minute
+    assert c.settings.apply_timeout == 30  # a push and its acknowledgement take about a second
     spec["slo"]["itl"]["thresholdSeconds"] = 0.5
     assert tuning_config("ns", "x", spec, CLUSTER).deployment != c.deployment  # new targets: new study
     spec["slo"] = {}
@@ -64,38 +63,48 @@ def test_the_tuner_holds_what_the_operator_refuses_with_the_same_message(change)
     assert str(held.value) == str(refused.value)
 
 
-def test_the_tuners_knobs_never_share_a_generation_with_the_operators(k):
-    """The tuner read the resource before the operator wrote the spec's knobs to status as generation 1 (a real
-    kubelet run showed it: the tuner's first knobs went out as generation 1 too, so the pods' "generation 1" could
-    not tell them apart). The generation is taken from status at the time of writing."""
+def test_the_tuners_knobs_are_newer_than_any_before_and_applied_means_every_pod_acknowledged(k):
+    """The tuner counts its generation from the knobs the pods should run now (api.types.desired_knobs: the spec's
+    under metadata.generation here), so no pod's acknowledgement of older knobs passes for its own; and "applied"
+    is the operator's record in status.knobs, read from the API."""
     ns = k.ns
     k.create(sample("race", ns))
     start, gen = start_knobs(k.get("inferencedeployments", ns, "race"))
-    assert gen == 0  # no status yet
-    k.patch("race", {"status": {"scheduler": {"tokenBudget": 128, "maxChunk": 64, "source": "spec",
-                                              "generation": 1}}}, ns, status=True)  # the operator, meanwhile
-    act = StatusActuator(StatusWriter(Kube(k.api), ns, "race"), PrometheusSource("http://127.0.0.1:1", 'job="x"'),
-                         start, gen)
+    assert (start, gen) == (Knobs(128, 64), 1)  # the spec's, as the operator delivers them
+    act = StatusActuator(StatusWriter(Kube(k.api), ns, "race"), start, gen)
     assert act.apply(Knobs(96, 32)) == 2
     assert k.status(ns, "race")["scheduler"] == {"tokenBudget": 96, "maxChunk": 32, "source": "tuner",
                                                  "generation": 2}
-    assert act.apply(Knobs(64, 32)) == 3
+
+    def operator_reports(ready: int, *acks) -> None:  # what the operator writes after its pushes
+        pods = [{"pod": f"p{i}", "tokenBudget": b_, "maxChunk": c, "generation": g} for i, (b_, c, g) in enumerate(acks)]
+        k.patch("race", {"status": {"readyReplicas": ready, "knobs": {
+            "tokenBudget": 96, "maxChunk": 32, "generation": 2, "source": "tuner", "pods": pods}}}, ns, status=True)
+    assert not act.applied(2)  # nothing delivered yet
+    operator_reports(2, (96, 32, 2), (128, 64, 1))
+    assert not act.applied(2)  # one pod still runs the spec's
+    operator_reports(2, (96, 32, 2))
+    assert not act.applied(2)  # one ready pod has not answered
+    operator_reports(2, (96, 32, 2), (96, 32, 2))
+    assert act.applied(2)
+    assert act.apply(Knobs(64, 32)) == 3 and not act.applied(3)
 
 
 def test_status_actuator_writes_tuner_knobs_and_keeps_other_conditions(k):
     ns = k.ns
     k.create(sample("act", ns))
+    # status.scheduler as an operator before one-writer left it (source spec, its own generation count)
     k.patch("act", {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}],
                                "scheduler": {"tokenBudget": 128, "maxChunk": 64, "source": "spec",
                                              "generation": 3}}}, ns, status=True)
     raw = k.get("inferencedeployments", ns, "act")
     start, gen = start_knobs(raw)
-    assert (start, gen) == (Knobs(128, 64), 3)
+    assert (start, gen) == (Knobs(128, 64), 4)  # metadata.generation 1 + the 3 already used
     writer = StatusWriter(Kube(k.api), ns, "act")
-    act = StatusActuator(writer, PrometheusSource("http://127.0.0.1:1", 'job="x"'), start, gen)
-    assert act.apply(Knobs(96, 32)) == 4
+    act = StatusActuator(writer, start, gen)
+    assert act.apply(Knobs(96, 32)) == 5
     st = k.status(ns, "act")
-    assert st["scheduler"] == {"tokenBudget": 96, "maxChunk": 32, "source": "tuner", "generation": 4}
+    assert st["scheduler"] == {"tokenBudget": 96, "maxChunk": 32, "source": "tuner", "generation": 5}
     writer.write(tuning=TuningStatus(phase="Exploring"),
                  tuner_conditions=[Condition(type="Tuning", status="True", reason="Exploring")])
     conds = {c["type"]: c for c in k.status(ns, "act")["conditions"]}

@@ -77,6 +77,8 @@ def serve(
     api_key: Optional[str] = typer.Option(None, envvar=_env("API_KEY"), help="Require `Authorization: Bearer KEY` on /v1/*; several keys separated by commas are several tenants, whose prompts never share prefix-cache blocks. Prefer the env var (a Secret) to the flag."),
     knobs_file: Optional[Path] = typer.Option(None, envvar=_env("KNOBS_FILE"), help="Scheduler knobs JSON {token_budget, max_chunk, generation}, watched and applied while serving."),
     knobs_poll_interval: float = typer.Option(0.2, envvar=_env("KNOBS_POLL_INTERVAL"), help="Seconds between reads of the knobs file."),
+    admin_port: Optional[int] = typer.Option(None, envvar=_env("ADMIN_PORT"), help="Port of the knobs admin endpoint (PUT/GET /admin/knobs), where the operator pushes knobs; needs --admin-token-file. Once a push is applied the knobs file is read again only at the next start."),
+    admin_token_file: Optional[Path] = typer.Option(None, envvar=_env("ADMIN_TOKEN_FILE"), help="File holding the admin endpoint's bearer token (a Secret volume), read on every request."),
     token_budget: int = typer.Option(defaults.TOKEN_BUDGET, envvar=_env("TOKEN_BUDGET"), help="Initial tokens per step (the knobs file overrides it)."),
     max_chunk: int = typer.Option(defaults.MAX_CHUNK, envvar=_env("MAX_CHUNK"), help="Initial largest prefill chunk (the knobs file overrides it)."),
     max_num_seqs: int = typer.Option(defaults.MAX_NUM_SEQS, envvar=_env("MAX_NUM_SEQS"), help="Cap on running sequences; token budgets below it are refused."),
@@ -121,10 +123,14 @@ def serve(
     if not (model / "config.json").is_file():
         typer.echo(f"error: {model} is not a model folder (no config.json); see `chunkpilot model fetch`", err=True)
         raise typer.Exit(2)
+    if (admin_port is None) != (admin_token_file is None):
+        typer.echo("error: --admin-port and --admin-token-file go together (the admin endpoint needs a token)", err=True)
+        raise typer.Exit(2)
     try:
         settings = ServerSettings(
             engine=config, served_model_name=served_model_name, api_key=api_key or None,
             knobs_file=str(knobs_file) if knobs_file else None, knobs_poll_interval=knobs_poll_interval,
+            admin_port=admin_port, admin_token_file=str(admin_token_file) if admin_token_file else None,
             max_waiting=max_waiting, grace_period=grace_period, max_request_bytes=max_request_bytes,
             stream_write_timeout=stream_write_timeout, stall_timeout=stall_timeout,
             prompt_tokens_details=prompt_tokens_details,

@@ -75,6 +75,17 @@ def run(
                                                     help="KEY=VALUE label on every engine ServiceMonitor, so your "
                                                          "Prometheus selects it (kube-prometheus-stack: "
                                                          "release=<its release name>); repeat for more."),
+    admin_token_key: str = typer.Option("", envvar="CHUNKPILOT_OPERATOR_ADMIN_TOKEN_KEY",
+                                        help="Key the engines' admin tokens are derived from (the operator pushes "
+                                             "knobs to each pod's admin port with them). Keep it in a Secret (the "
+                                             "chart does) so every replica and restart derives the same tokens. "
+                                             "Default: a random one per process."),
+    operator_namespace: str = typer.Option("", envvar="CHUNKPILOT_OPERATOR_POD_NAMESPACE",
+                                           help="Namespace the operator's pods run in: the engine NetworkPolicy "
+                                                "admits them (with --operator-pod-label) to the admin port. "
+                                                "Default: none admitted (an operator outside the cluster)."),
+    operator_pod_label: list[str] = typer.Option([], "--operator-pod-label", envvar="CHUNKPILOT_OPERATOR_POD_LABELS",
+                                                 help="KEY=VALUE label of the operator's pods (repeat)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ) -> None:
     """Watch InferenceDeployments and keep their Deployment, Service, knobs ConfigMap, PDB and ServiceMonitor
@@ -107,15 +118,28 @@ def run(
     if bad:
         typer.echo(f"error: --allowed-host-path takes absolute paths, got {', '.join(bad)}", err=True)
         raise typer.Exit(2)
-    monitor_labels = []
-    for item in split(service_monitor_label):
-        key, sep, value = item.partition("=")
-        if not sep or not re.fullmatch(r"([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", key) or \
-                not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?", value):
-            typer.echo(f"error: --service-monitor-label takes KEY=VALUE with a Kubernetes label key and value, got "
-                       f"{item!r}", err=True)
-            raise typer.Exit(2)
-        monitor_labels.append((key, value))
+    def labels(values: list[str], flag: str) -> tuple[tuple[str, str], ...]:
+        out = []
+        for item in split(values):
+            key, sep, value = item.partition("=")
+            if not sep or not re.fullmatch(r"([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", key) or \
+                    not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?", value):
+                typer.echo(f"error: {flag} takes KEY=VALUE with a Kubernetes label key and value, got {item!r}",
+                           err=True)
+                raise typer.Exit(2)
+            out.append((key, value))
+        return tuple(out)
+
+    monitor_labels = labels(service_monitor_label, "--service-monitor-label")
+    pod_labels = labels(operator_pod_label, "--operator-pod-label")
+    if not admin_token_key:
+        import secrets
+
+        logging.getLogger(__name__).warning(
+            "no --admin-token-key: engine admin tokens are derived from a random key, so after a restart the pods "
+            "take the new token only when the kubelet rewrites their Secret volume (about a minute); knobs still "
+            "arrive through the ConfigMap meanwhile")
+        admin_token_key = secrets.token_hex(32)
     config = OperatorConfig(
         namespaces=names,
         engine=OperatorSettings(engine_image=engine_image, hf_download_image=hf_download_image or None,
@@ -125,6 +149,7 @@ def run(
                                 default_cpu_request=default_cpu_request, default_memory_request=default_memory_request,
                                 engine_network_policy=engine_network_policy,
                                 network_policy_namespaces=split(network_policy_namespace),
-                                service_monitor_labels=tuple(monitor_labels)),
+                                service_monitor_labels=monitor_labels, admin_token_key=admin_token_key,
+                                operator_namespace=operator_namespace or None, operator_pod_labels=pod_labels),
         peering=peering, priority=priority, liveness=liveness or None, resync_seconds=resync, workers=workers)
     run_operator(config)

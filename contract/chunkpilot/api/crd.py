@@ -90,8 +90,10 @@ def schema_for(model: type[BaseModel], *, defaults: bool) -> dict:
 PRINTER_COLUMNS = [
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Ready engine pods."},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "description": "Desired engine pods."},
-    {"name": "Budget", "type": "integer", "jsonPath": ".status.scheduler.tokenBudget", "description": "Token budget applied."},
-    {"name": "Chunk", "type": "integer", "jsonPath": ".status.scheduler.maxChunk", "description": "Max chunk applied."},
+    {"name": "Budget", "type": "integer", "jsonPath": ".status.knobs.tokenBudget", "description": "Token budget delivered."},
+    {"name": "Chunk", "type": "integer", "jsonPath": ".status.knobs.maxChunk", "description": "Max chunk delivered."},
+    {"name": "Applied", "type": "integer", "jsonPath": ".status.knobs.appliedReplicas",
+     "description": "Ready pods that acknowledged the knobs."},
     {"name": "TTFT", "type": "number", "jsonPath": ".status.slo.ttftSeconds", "description": "Measured TTFT (s)."},
     {"name": "TTFT-SLO", "type": "number", "jsonPath": ".spec.slo.ttft.thresholdSeconds", "description": "TTFT SLO (s)."},
     {"name": "ITL", "type": "number", "jsonPath": ".status.slo.itlSeconds", "description": "Measured ITL (s)."},

@@ -273,6 +273,41 @@ class SchedulerStatus(_Model):
         return Knobs(self.token_budget, self.max_chunk)
 
 
+class PodKnobs(_Model):
+    pod: str = Field(..., description="Engine pod.")
+    started: str | None = Field(None, description="When its engine container started (a restart voids the "
+                                                  "acknowledgement: the pod is asked again).")
+    token_budget: int = Field(..., alias="tokenBudget", description="Token budget the pod reported applying.")
+    max_chunk: int = Field(..., alias="maxChunk", description="Max chunk the pod reported applying.")
+    generation: int = Field(0, ge=0, description="Knob generation the pod reported applying.")
+
+    @property
+    def scheduler_knobs(self) -> SchedulerKnobs:
+        return SchedulerKnobs(self.token_budget, self.max_chunk, self.generation)
+
+
+class KnobsStatus(_Model):
+    """What the operator delivered and what each ready pod acknowledged: written by the operator alone."""
+
+    token_budget: int = Field(..., alias="tokenBudget", description="Token budget delivered to the pods.")
+    max_chunk: int = Field(..., alias="maxChunk", description="Max chunk delivered to the pods.")
+    generation: int = Field(0, ge=0, description="Generation of the knobs delivered.")
+    source: Literal["spec", "tuner"] = Field("spec", description="Whose knobs: spec.scheduler, or the tuner's "
+                                                                 "status.scheduler (tuning.mode auto).")
+    applied_replicas: int = Field(0, alias="appliedReplicas", ge=0,
+                                  description="Ready pods that acknowledged these knobs.")
+    pods: list[PodKnobs] = Field(default_factory=list, description="What each ready pod acknowledged applying.")
+
+    @property
+    def scheduler_knobs(self) -> SchedulerKnobs:
+        return SchedulerKnobs(self.token_budget, self.max_chunk, self.generation)
+
+    def applied_everywhere(self, knobs: SchedulerKnobs, ready_replicas: int) -> bool:
+        """Every ready pod acknowledged exactly `knobs` (values and generation): the tuner's wait."""
+        return (self.scheduler_knobs == knobs and len(self.pods) >= max(1, ready_replicas)
+                and all(p.scheduler_knobs == knobs for p in self.pods))
+
+
 class KnobsMeasurement(_Model):
     token_budget: int = Field(..., alias="tokenBudget", description="Token budget.")
     max_chunk: int = Field(..., alias="maxChunk", description="Max chunk.")
@@ -327,7 +362,10 @@ class InferenceDeploymentStatus(_Model):
     ready_replicas: int = Field(0, alias="readyReplicas", description="Engine pods ready to serve.")
     selector: str | None = Field(None, description="Label selector of the pods (for the scale subresource).")
     conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded, Tuning, SLOMet.")
-    scheduler: SchedulerStatus | None = Field(None, description="Knobs the pods should apply now.")
+    scheduler: SchedulerStatus | None = Field(None, description="The tuner's knobs (tuning.mode auto): written by "
+                                              "the tuner alone; the pods run them while the mode is auto.")
+    knobs: KnobsStatus | None = Field(None, description="The knobs delivered to the pods and each ready pod's "
+                                                        "acknowledgement: written by the operator alone.")
     tuning: TuningStatus | None = Field(None, description="Written by the tuner.")
     slo: SLOStatus | None = Field(None, description="Written by the tuner.")
     autoscaling: AutoscalingStatus | None = Field(None, description="Written by the tuner.")
@@ -341,3 +379,16 @@ class InferenceDeployment(_Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: InferenceDeploymentSpec
     status: InferenceDeploymentStatus = Field(default_factory=InferenceDeploymentStatus)
+
+
+def desired_knobs(obj: InferenceDeployment) -> tuple[SchedulerKnobs, Literal["spec", "tuner"]]:
+    """The knobs the pods should run now, and whose they are: one owner per mode. In tuning mode auto, once the
+    tuner has chosen, its status.scheduler; otherwise the spec's, under generation metadata.generation plus the
+    tuner's last generation, so that every change of owner or of spec knobs gives a newer generation than any
+    before it (a pod's acknowledgement of an older generation never passes for the new knobs). The operator
+    delivers these; the tuner counts its next generation from them."""
+    st = obj.status.scheduler
+    if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner":
+        return SchedulerKnobs.of(st.knobs, st.generation), "tuner"
+    generation = int(obj.metadata.get("generation") or 0) + (st.generation if st is not None else 0)
+    return SchedulerKnobs.of(obj.spec.scheduler.knobs, generation), "spec"

@@ -28,6 +28,7 @@ class _Typed:
 TYPED = {
     ("v1", "ConfigMap"): _Typed("CoreV1Api", "config_map"),
     ("v1", "Service"): _Typed("CoreV1Api", "service"),
+    ("v1", "Secret"): _Typed("CoreV1Api", "secret"),
     ("v1", "PersistentVolumeClaim"): _Typed("CoreV1Api", "persistent_volume_claim"),
     ("apps/v1", "Deployment"): _Typed("AppsV1Api", "deployment"),
     ("policy/v1", "PodDisruptionBudget"): _Typed("PolicyV1Api", "pod_disruption_budget"),
@@ -89,10 +90,11 @@ class Kube:
         return self._json(self._api("CustomObjectsApi").create_namespaced_custom_object(
             group, version, ns, CUSTOM[(av, kind)], obj, field_manager=self.field_manager, _preload_content=False))
 
-    def apply(self, obj: dict) -> dict:
-        """Server-side apply as our field manager: fields we stopped setting are removed, others' are kept."""
+    def apply(self, obj: dict, force: bool = True) -> dict:
+        """Server-side apply as our field manager: fields we stopped setting are removed, others' are kept. With
+        force=False a field another manager set is a 409 conflict instead of taken over."""
         av, kind, ns, name = obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
-        kw = dict(field_manager=self.field_manager, force=True, _content_type=APPLY, _preload_content=False)
+        kw = dict(field_manager=self.field_manager, force=force, _content_type=APPLY, _preload_content=False)
         if (av, kind) in TYPED:
             t = TYPED[(av, kind)]
             return self._json(getattr(self._api(t.api), f"patch_namespaced_{t.suffix}")(name, ns, obj, **kw))
@@ -121,6 +123,11 @@ class Kube:
             body["metadata"] = {"resourceVersion": resource_version}
         return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE, _preload_content=False))
+
+    def list_pods(self, namespace: str, selector: dict[str, str]) -> list[dict]:
+        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        return self._json(self._api("CoreV1Api").list_namespaced_pod(
+            namespace, label_selector=label_selector, _preload_content=False)).get("items", [])
 
     def list_inference_deployments(self, namespaces: list[str] | tuple[str, ...] = ()) -> list[dict]:
         """Every InferenceDeployment of `namespaces` (all namespaces when empty)."""

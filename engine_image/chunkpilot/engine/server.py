@@ -8,6 +8,7 @@ failed, the step loop died or hangs). Every error leaves in OpenAI's error body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
@@ -44,6 +45,10 @@ class ServerSettings:
     api_key: str | None = None  # one key, or several separated by commas (one per tenant; see auth.py)
     knobs_file: str | None = None
     knobs_poll_interval: float = 0.2
+    # The knobs admin endpoint (engine/admin.py): its own port, and the file holding its bearer token. Off when
+    # either is None (local runs follow the knobs file alone).
+    admin_port: int | None = None
+    admin_token_file: str | None = None
     max_waiting: int = 256
     retry_after_seconds: int = 1
     grace_period: float = 30.0
@@ -104,6 +109,18 @@ class ServerState:
             log.exception("model load failed")
             self.load_error = f"{type(e).__name__}: {e}"
 
+    def knob_holder(self):
+        return self.engine.engine.knobs if self.engine is not None else None
+
+    def knobs_pushed(self, _knobs) -> None:
+        """A push is the newer word from here on: stop following the file (see engine/admin.py)."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+            log.info("knobs are pushed by the operator now; the knobs file is read again only at the next start")
+        if self.engine is not None:
+            self.engine.publish_knobs()
+
     def ready_engine(self) -> AsyncEngine:
         if self.engine is None:
             raise unavailable(f"model failed to load: {self.load_error}" if self.load_error
@@ -146,6 +163,11 @@ def build_app(settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="chunkpilot engine", version="0.1.0", lifespan=lifespan)
     app.state.server = state
+    app.state.admin = None
+    if settings.admin_port is not None and settings.admin_token_file:
+        from chunkpilot.engine.admin import build_admin_app
+
+        app.state.admin = build_admin_app(settings.admin_token_file, state.knob_holder, state.knobs_pushed)
 
     # ---- errors, all in OpenAI's body ---------------------------------------------------------------------
     @app.exception_handler(ApiError)
@@ -327,12 +349,27 @@ def serve(settings: ServerSettings, host: str = "0.0.0.0", port: int = 8000, log
     app = build_app(settings)
     state: ServerState = app.state.server
 
+    class AdminServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield  # the main server handles SIGTERM and stops this one
+
     class DrainingServer(uvicorn.Server):
         draining = False
 
         async def serve(self, sockets=None) -> None:
             self.loop = asyncio.get_running_loop()
-            await super().serve(sockets)
+            admin = None
+            if app.state.admin is not None:  # same loop and process; our signal handling stays the main server's
+                admin = AdminServer(uvicorn.Config(app.state.admin, host=host, port=settings.admin_port,
+                                                   log_level=log_level, access_log=False, lifespan="off"))
+                admin_task = asyncio.ensure_future(admin.serve())
+            try:
+                await super().serve(sockets)
+            finally:
+                if admin is not None:
+                    admin.should_exit = True
+                    await admin_task
 
         def handle_exit(self, sig, frame) -> None:
             if sig == signal.SIGTERM and not self.draining and state.engine is not None:

@@ -3,17 +3,23 @@ object is testable against the real Kubernetes schemas without a cluster."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 
-from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, SchedulerStatus, knob_refusal
+from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, desired_knobs, knob_refusal
 from chunkpilot.contract import engine_settings as defaults
-from chunkpilot.contract.knobs import SchedulerKnobs, dumps_knobs
+from chunkpilot.contract.knobs import dumps_knobs
 from chunkpilot.operator import policy, rules
 from chunkpilot.operator.policy import Policy
 
 ENGINE_PORT = 8000
+# The knobs admin endpoint (engine/admin.py): a port of its own so that the NetworkPolicy admits the operator alone.
+ADMIN_PORT = 8001
+ADMIN_TOKEN_DIR = "/var/run/chunkpilot/admin"
+ADMIN_TOKEN_KEY = "token"
 KNOBS_DIR = "/etc/chunkpilot"
 KNOBS_FILE = "knobs.json"
 MODELS_DIR = "/models"
@@ -55,6 +61,14 @@ class OperatorSettings:
     # selects by `release: <its release>`); the chart passes monitoring.prometheus.release and
     # monitoring.serviceMonitor.labels.
     service_monitor_labels: tuple[tuple[str, str], ...] = ()
+    # The key each InferenceDeployment's admin token is derived from (HMAC of its uid), so every operator replica
+    # and every restart derive the same token without reading Secrets back (the operator may create and patch
+    # Secrets, never read them). The chart keeps it in a Secret of its own.
+    admin_token_key: str = ""
+    # Where the operator runs, so the NetworkPolicy admits exactly its pods to the admin port; None (an operator
+    # outside the cluster): no pod is admitted to it, and the knobs arrive through the ConfigMap alone.
+    operator_namespace: str | None = None
+    operator_pod_labels: tuple[tuple[str, str], ...] = ()
 
 
 class SpecError(ValueError):
@@ -88,18 +102,21 @@ def served_name(obj: InferenceDeployment) -> str:
     return obj.spec.model.served_name or obj.metadata["name"]
 
 
-def effective_knobs(obj: InferenceDeployment) -> SchedulerStatus:
-    """The knobs the pods should apply now. The tuner's when it owns them (auto mode and it wrote status),
-    else the spec's. Any change of the values bumps the generation, which the pods export, so the tuner and
-    `kubectl get` can tell when every pod applied them."""
-    st = obj.status.scheduler
-    if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner":
-        return st
-    want = (obj.spec.scheduler.token_budget, obj.spec.scheduler.max_chunk)
-    if st is not None and st.source == "spec" and (st.token_budget, st.max_chunk) == want:
-        return st
-    return SchedulerStatus(tokenBudget=want[0], maxChunk=want[1], source="spec",
-                           generation=(st.generation + 1) if st is not None else 1)
+def admin_token_secret_name(name: str) -> str:
+    return f"{name}-knobs-token"
+
+
+def admin_token(obj: InferenceDeployment, settings: OperatorSettings) -> str:
+    """The bearer token of this resource's admin endpoints: derived, never stored in the operator, and bound to
+    the uid, so a resource recreated under the same name gets another."""
+    msg = f"{obj.metadata.get('namespace', 'default')}/{obj.metadata['name']}/{obj.metadata.get('uid', '')}"
+    return hmac.new(settings.admin_token_key.encode(), msg.encode(), hashlib.sha256).hexdigest()
+
+
+def admin_token_secret(obj: InferenceDeployment, settings: OperatorSettings) -> dict:
+    token = base64.b64encode(admin_token(obj, settings).encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _meta(obj, admin_token_secret_name(obj.metadata["name"])), "data": {ADMIN_TOKEN_KEY: token}}
 
 
 def validate(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> None:
@@ -175,9 +192,10 @@ def _container_security() -> dict:
 
 
 def knobs_configmap(obj: InferenceDeployment) -> dict:
-    k = effective_knobs(obj)
+    """The durable copy of the desired knobs, which a (re)started pod begins from; running pods get them pushed."""
+    knobs, _ = desired_knobs(obj)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(obj, knobs_configmap_name(obj.metadata["name"])),
-            "data": {KNOBS_FILE: dumps_knobs(SchedulerKnobs.of(k.knobs, k.generation))}}
+            "data": {KNOBS_FILE: dumps_knobs(knobs)}}
 
 
 def engine_env(obj: InferenceDeployment, model_path: str,
@@ -189,6 +207,8 @@ def engine_env(obj: InferenceDeployment, model_path: str,
         "CHUNKPILOT_PORT": str(ENGINE_PORT),
         "CHUNKPILOT_SERVED_MODEL_NAME": served_name(obj),
         "CHUNKPILOT_KNOBS_FILE": f"{KNOBS_DIR}/{KNOBS_FILE}",
+        "CHUNKPILOT_ADMIN_PORT": str(ADMIN_PORT),
+        "CHUNKPILOT_ADMIN_TOKEN_FILE": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
         # Start-up knobs only: the mounted knobs file is applied before the first request, and the knobs must
         # stay out of the pod template so that changing them never restarts pods.
         "CHUNKPILOT_TOKEN_BUDGET": str(max(defaults.TOKEN_BUDGET, spec.engine.max_num_seqs)),
@@ -233,7 +253,8 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
         "image": spec.engine.image or settings.engine_image,
         "args": list(spec.engine.extra_args),
         "env": engine_env(obj, model_path, settings),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"},
+                  {"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"}],
         "resources": {"limits": limits, "requests": requests},
         "startupProbe": {**ready, "periodSeconds": 10,
                          "failureThreshold": max(1, settings.startup_timeout_seconds // 10)},
@@ -241,6 +262,7 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
         "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 2},
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}},
         "volumeMounts": mounts + [{"name": "knobs", "mountPath": KNOBS_DIR, "readOnly": True},
+                                  {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
                                   {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": _container_security(),
     }
@@ -259,6 +281,7 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
         "containers": [container],
         "volumes": volumes + [
             {"name": "knobs", "configMap": {"name": knobs_configmap_name(name)}},
+            {"name": "admin-token", "secret": {"secretName": admin_token_secret_name(name), "defaultMode": 0o440}},
             {"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}, *extra_volumes],
         "nodeSelector": dict(spec.engine.node_selector),
         "tolerations": list(spec.engine.tolerations),
@@ -324,9 +347,15 @@ def network_policy(obj: InferenceDeployment, settings: OperatorSettings) -> dict
     peers = [{"podSelector": {}}] + [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
         for ns in settings.network_policy_namespaces]
+    ingress = [{"from": peers, "ports": [{"port": "http", "protocol": "TCP"}]}]
+    if settings.operator_namespace and settings.operator_pod_labels:  # else no one reaches the admin port
+        ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
+                            "kubernetes.io/metadata.name": settings.operator_namespace}},
+                                  "podSelector": {"matchLabels": dict(settings.operator_pod_labels)}}],
+                        "ports": [{"port": "admin", "protocol": "TCP"}]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(obj, name),
             "spec": {"podSelector": {"matchLabels": selector_labels(name)}, "policyTypes": ["Ingress"],
-                     "ingress": [{"from": peers, "ports": [{"port": "http", "protocol": "TCP"}]}]}}
+                     "ingress": ingress}}
 
 
 def desired_objects(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings(),

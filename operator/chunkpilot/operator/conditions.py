@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chunkpilot.api.types import Condition, InferenceDeploymentStatus, SchedulerStatus
+from chunkpilot.api.types import Condition, InferenceDeploymentStatus, KnobsStatus
 from chunkpilot.kube.conditions import merge_conditions
 
 # The status fields the operator writes (conditions: Ready, Progressing, Degraded); the tuner writes scheduler
 # (source: tuner), tuning and slo, and the Tuning and SLOMet conditions.
-OPERATOR_STATUS_FIELDS = {"observed_generation", "replicas", "ready_replicas", "selector", "scheduler"}
+# Never `scheduler`: the tuner alone writes the knobs it chose (one writer per field; see docs/architecture.md).
+OPERATOR_STATUS_FIELDS = {"observed_generation", "replicas", "ready_replicas", "selector", "knobs"}
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def deployment_conditions(deploy: dict | None, desired_replicas: int, generation
 
 
 def status_patch(current_status: dict, *, deploy: dict | None, desired_replicas: int, generation: int | None,
-                 selector: str, scheduler: SchedulerStatus | None, problem: Problem | None, now: str) -> dict | None:
+                 selector: str, knobs: KnobsStatus | None, problem: Problem | None, now: str) -> dict | None:
     """The merge patch for `status` (the operator's fields only), or None when nothing changed (so reconciles that
     change nothing write nothing: level-triggered without a write loop)."""
     ds = (deploy or {}).get("status") or {}
@@ -86,7 +87,7 @@ def status_patch(current_status: dict, *, deploy: dict | None, desired_replicas:
                                   deployment_conditions(deploy, desired_replicas, generation, problem), now)
     want = InferenceDeploymentStatus(
         observed_generation=generation, replicas=int(ds.get("replicas") or 0),
-        ready_replicas=int(ds.get("readyReplicas") or 0), selector=selector, scheduler=scheduler,
+        ready_replicas=int(ds.get("readyReplicas") or 0), selector=selector, knobs=knobs,
     ).model_dump(by_alias=True, exclude_none=True, include=OPERATOR_STATUS_FIELDS)
     want["conditions"] = conditions  # merged: the tuner's conditions pass through as they are
     changed = {k: v for k, v in want.items() if current_status.get(k) != v}

@@ -126,6 +126,7 @@ def run(config: OperatorConfig) -> None:
     load_config()
     stopping = threading.Event()
     reconciler = Reconciler(Kube(pool_size=config.workers * 2, field_manager=FIELD_MANAGER), config.engine, post_event)
+    reconciler.stopping = stopping  # pending knobs-push retries end with the process
     resync = Resync(reconciler, config.resync_seconds, stopping)
     memo = kopf.Memo(reconciler=reconciler, stopping=stopping, resync=resync)
     def on_signal(signum, _frame) -> None:

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus
+from chunkpilot.api.types import (InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus,
+                                  KnobsStatus, desired_knobs)
 from chunkpilot.operator import builders
+from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, ready_pods
 from chunkpilot.contract.knobs import parse_knobs
 from chunkpilot.kube.client import Kube
 from chunkpilot.kube.conditions import condition, now_rfc3339
@@ -37,6 +39,8 @@ OPTIONAL_CHILDREN = [("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.c
 
 # How long a namespace's HPAs on a child Deployment are trusted before they are listed again.
 HPA_CACHE_SECONDS = 30.0
+# A failed knobs push is retried after 1 s, doubling to this (the ConfigMap reaches the pod meanwhile anyway).
+PUSH_RETRY_MAX_SECONDS = 30.0
 
 
 @dataclass
@@ -58,10 +62,15 @@ def spec_error_message(err: ValidationError) -> str:
 
 class Reconciler:
     def __init__(self, kube: Kube, settings: builders.OperatorSettings, post_event: EventPoster,
-                 crd_cache_seconds: float = 60.0) -> None:
+                 crd_cache_seconds: float = 60.0, pusher: HttpPusher | None = None) -> None:
         self.kube = kube
         self.settings = settings
         self.post_event = post_event
+        self.pusher = pusher or HttpPusher(builders.ADMIN_PORT)
+        self._applied_tokens: dict[str, str] = {}  # uid -> token applied to its Secret by this process
+        self._retries: dict[tuple[str, str], tuple[float, threading.Timer]] = {}
+        self._retry_lock = threading.Lock()
+        self.stopping = threading.Event()
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._crd_cache: tuple[float, bool] | None = None
         self._crd_cache_seconds = crd_cache_seconds
@@ -106,6 +115,7 @@ class Reconciler:
         deploy_live = None
         if out.problem is None and obj is not None:
             try:
+                self._apply_token_secret(obj, out)
                 deploy_live = self._apply_all(raw, desired, out)
             except _NameConflict as e:
                 out.problem = Problem("NameConflict", str(e))
@@ -116,18 +126,16 @@ class Reconciler:
             deploy_live = self._read_quietly("apps/v1", "Deployment", ns, name)
 
         status = raw.get("status") or {}
-        scheduler = None
-        if obj is not None and out.problem is None:
-            knobs = builders.effective_knobs(obj)
-            if knobs.source == "spec":  # the tuner writes its own knobs; never overwrite them
-                scheduler = knobs
+        knobs = None
+        if obj is not None and out.problem is None and deploy_live is not None:
+            knobs = self._deliver_knobs(obj)
         spec = raw.get("spec") or {}
         replicas = obj.spec.replicas if obj is not None else int(spec.get("replicas") or 0)
         if deploy_live is not None and self._hpa_cache.get((ns, name), (0.0, []))[1]:  # the HPA owns the count
             replicas = int((deploy_live.get("spec") or {}).get("replicas") or 0)
         patch = status_patch(status, deploy=deploy_live, desired_replicas=replicas, generation=meta.get("generation"),
                              selector=",".join(f"{k}={v}" for k, v in builders.selector_labels(name).items()),
-                             scheduler=scheduler, problem=out.problem, now=now_rfc3339())
+                             knobs=knobs, problem=out.problem, now=now_rfc3339())
         if patch is not None:
             try:
                 self.kube.patch_status(ns, name, patch, meta.get("resourceVersion"))
@@ -139,6 +147,64 @@ class Reconciler:
                     log.warning("status of %s/%s not written: %s", ns, name, _api_message(e, "writing status"))
         self._post_problem(raw, status, out.problem)
         return out
+
+    # -- knobs delivery (knobs_delivery.py) ---------------------------------------------------------------
+    def _apply_token_secret(self, obj: InferenceDeployment, out: Outcome) -> None:
+        """The admin token's Secret, applied without reading it back (the operator has no right to read Secrets):
+        at most once per process and token; a same-named Secret someone else wrote is a 409, not taken over."""
+        uid = obj.metadata.get("uid", "")
+        token = builders.admin_token(obj, self.settings)
+        if self._applied_tokens.get(uid) == token:
+            return
+        secret = builders.admin_token_secret(obj, self.settings)
+        try:
+            self.kube.apply(secret, force=False)
+        except ApiException as e:
+            if e.status == 409:
+                raise _NameConflict([describe(secret)]) from None
+            raise
+        self._applied_tokens[uid] = token
+        out.changes.append(f"apply {describe(secret)}")
+
+    def _deliver_knobs(self, obj: InferenceDeployment) -> KnobsStatus | None:
+        """Push the desired knobs to the ready pods that have not acknowledged them; retry the failures later."""
+        ns, name = obj.metadata.get("namespace", "default"), obj.metadata["name"]
+        knobs, source = desired_knobs(obj)
+        try:
+            pods = ready_pods(self.kube.list_pods(ns, builders.selector_labels(name)))
+        except ApiException as e:
+            log.warning("cannot list the pods of %s/%s: %s", ns, name, _api_message(e, "listing pods"))
+            return obj.status.knobs
+        status, failures = deliver(obj.status.knobs, knobs, source, pods,
+                                   self.pusher.for_token(builders.admin_token(obj, self.settings)))
+        if failures:
+            log.info("knobs generation %d not yet pushed to %s/%s: %s (the pods also read the ConfigMap)",
+                     knobs.generation, ns, name, "; ".join(failures))
+        self._schedule_retry(ns, name, bool(failures))
+        return status
+
+    def _schedule_retry(self, ns: str, name: str, failed: bool) -> None:
+        """At most one pending retry per object, 1 s doubling to PUSH_RETRY_MAX_SECONDS; a success resets it."""
+        key = (ns, name)
+        with self._retry_lock:
+            prev = self._retries.pop(key, None)
+            if prev is not None:
+                prev[1].cancel()
+            if not failed or self.stopping.is_set():
+                return
+            delay = min(PUSH_RETRY_MAX_SECONDS, prev[0] * 2 if prev else 1.0)
+            timer = threading.Timer(delay, self._retry, args=(ns, name))
+            timer.daemon = True
+            self._retries[key] = (delay, timer)
+            timer.start()
+
+    def _retry(self, ns: str, name: str) -> None:
+        if self.stopping.is_set():
+            return
+        try:
+            self.reconcile_by_name(ns, name)
+        except Exception:  # noqa: BLE001 - a timer thread must not die with a traceback nobody reads
+            log.exception("retrying the knobs push to %s/%s failed", ns, name)
 
     def _parse(self, raw: dict) -> InferenceDeployment:
         spec = InferenceDeploymentSpec.model_validate(raw.get("spec") or {})

@@ -26,7 +26,7 @@ import json
 OPERATOR_ENGINE_SETTINGS = (
     "MODEL", "HOST", "PORT", "SERVED_MODEL_NAME", "KNOBS_FILE", "TOKEN_BUDGET", "MAX_CHUNK", "MAX_NUM_SEQS",
     "DTYPE", "DEVICE", "GPU_MEMORY_UTILIZATION", "ENABLE_PREFIX_CACHING", "MAX_MODEL_LEN", "API_KEY",
-    "GRACE_PERIOD", "TENSOR_PARALLEL_SIZE",
+    "GRACE_PERIOD", "TENSOR_PARALLEL_SIZE", "ADMIN_PORT", "ADMIN_TOKEN_FILE",
 )
 # Environment names a spec may set: threads, logging, time zone. Nothing here reads a path.
 ENV_ALLOWED = (

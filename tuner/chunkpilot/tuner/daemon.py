@@ -1,8 +1,9 @@
 """Cluster mode: one tuning thread per InferenceDeployment whose tuning mode is not off (see supervisor.py), each
 running the same TunerLoop as local mode, with the custom resource as actuator and publisher.
 
-* auto: the chosen knobs go to `status.scheduler` (source: tuner, generation + 1); the operator turns them into
-  the knobs ConfigMap; Prometheus tells when every pod exports that generation.
+* auto: the chosen knobs go to `status.scheduler` (source: tuner, generation + 1), which the tuner alone writes;
+  the operator pushes them to every ready pod (and keeps the ConfigMap for pods that start later) and records
+  each pod's acknowledgement in `status.knobs`, which the tuner waits on.
 * advisory: only `status.tuning.recommendation` is written.
 * The tuner writes only `status.scheduler`, `status.tuning`, `status.slo`, `status.autoscaling` and the Tuning,
   SLOMet and Autoscaling conditions (read-modify-write with the resourceVersion, retried on 409, so the
@@ -30,8 +31,10 @@ import kopf
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatus, Condition,
-                                  InferenceDeploymentSpec, SchedulerStatus, SLOStatus, TuningStatus, knob_refusal)
+from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatus, Condition, InferenceDeployment,
+                                  InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus, SchedulerStatus,
+                                  SLOStatus, TuningStatus, desired_knobs, knob_refusal)
+from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
 from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
@@ -63,9 +66,10 @@ class ClusterConfig:
     liveness: str | None = "http://0.0.0.0:8081/healthz"
     min_requests: int = 20
     seed: int | None = None
-    # Knobs travel status -> operator -> ConfigMap -> the kubelet's volume sync (up to its sync period plus the
-    # ConfigMap cache TTL, about a minute each by default) -> the engine: 60 s timed out trials for nothing.
-    apply_timeout: float = 180.0
+    # Knobs travel status.scheduler -> the operator's watch -> a push to each ready pod -> its acknowledgement in
+    # status.knobs: about a second on the local cluster. The bound covers a push that failed and its retries
+    # (1, 2, 4, 8 s); past it the trial is given up and the next iteration tries again.
+    apply_timeout: float = 30.0
 
 
 def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig) -> TuningConfig:
@@ -150,8 +154,12 @@ class StatusWriter:
 
 
 class StatusActuator:
-    def __init__(self, writer: StatusWriter, source: PrometheusSource, start: Knobs, generation: int) -> None:
-        self.writer, self.source = writer, source
+    """The tuner's knobs into status.scheduler; "applied" is the operator's record in status.knobs that every ready
+    pod acknowledged exactly these knobs under this generation (an API read, not a Prometheus scrape: seconds,
+    not a scrape interval plus a volume sync)."""
+
+    def __init__(self, writer: StatusWriter, start: Knobs, generation: int) -> None:
+        self.writer = writer
         self._knobs, self._generation = start, generation
 
     def apply(self, knobs: Knobs) -> int:
@@ -160,7 +168,14 @@ class StatusActuator:
         return self._generation
 
     def applied(self, generation: int) -> bool:
-        return self.source.all_applied(generation)
+        raw = self.writer.kube.read_inference_deployment(self.writer.namespace, self.writer.name)
+        status = (raw or {}).get("status") or {}
+        try:
+            knobs = KnobsStatus.model_validate(status.get("knobs"))
+        except ValidationError:  # none yet (the operator has not delivered since) or unreadable: not applied
+            return False
+        return knobs.applied_everywhere(SchedulerKnobs.of(self._knobs, generation),
+                                        int(status.get("readyReplicas") or 0))
 
     def current(self) -> Knobs:
         return self._knobs
@@ -280,13 +295,15 @@ def status_scheduler(raw: dict) -> SchedulerStatus | None:
 
 
 def start_knobs(raw: dict) -> tuple[Knobs, int]:
-    """The knobs the pods run now (status.scheduler, else the spec's) and their generation; raises ValidationError
-    on a spec the API types refuse."""
+    """The knobs the pods should run now and their generation (api.types.desired_knobs, the rule the operator
+    delivers by), so the tuner's first write is newer than both the spec's and its own last; raises
+    ValidationError on a spec the API types refuse."""
     spec = InferenceDeploymentSpec.model_validate(raw.get("spec") or {})
     st = status_scheduler(raw)
-    if st is not None:
-        return st.knobs, st.generation
-    return spec.scheduler.knobs, 0
+    obj = InferenceDeployment(metadata=raw.get("metadata") or {}, spec=spec,
+                              status=InferenceDeploymentStatus(scheduler=st))
+    knobs, _ = desired_knobs(obj)
+    return knobs.knobs, knobs.generation
 
 
 def poster(raw: dict):
@@ -333,7 +350,7 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
         if config != built_for:
             start, generation = start_knobs(raw)
             source = PrometheusSource(cluster.prometheus_url, selector)
-            loop = build_loop(config, StatusActuator(writer, source, start, generation),
+            loop = build_loop(config, StatusActuator(writer, start, generation),
                               PrometheusMeasurer(source, config.slo, sleep=sleep),
                               StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)),
                               scaler=StatusScaler(kube, namespace, name), scaling_history=history)

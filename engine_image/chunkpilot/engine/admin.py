@@ -1,0 +1,113 @@
+"""The knobs admin endpoint: the operator pushes the knobs straight to a ready pod and reads back what it applied.
+
+Why a push and not only the mounted ConfigMap: the kubelet rewrites a ConfigMap volume only at its periodic pod
+sync, so a knob change waited about a minute (66 s median on the local cluster) before any pod saw it. The
+ConfigMap stays the durable copy a (re)started pod begins from; the push makes a change land in the time of one
+HTTP request, and its answer is the acknowledgement the operator records in status.
+
+It listens on a port of its own so that a NetworkPolicy can admit the operator alone to it, and it takes a bearer
+token read from a file (a Secret volume the operator fills) on every request, so a rotated token is used as soon as
+the kubelet has written it. Once a push has been applied the knobs file is no longer followed: the kubelet may
+still write an older copy of the ConfigMap into the volume after a newer push, which must not undo it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.engine.api_error import ApiError, bad_request, unavailable
+from chunkpilot.engine.knobs import KnobHolder
+from chunkpilot.engine.protocol import error_body
+
+log = logging.getLogger(__name__)
+KNOBS_PATH = "/admin/knobs"
+
+
+class KnobsBody(BaseModel):
+    """The knobs file's contract as a request body (the same three fields, nothing else)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    token_budget: int = Field(..., ge=1)
+    max_chunk: int = Field(..., ge=1)
+    generation: int = Field(..., ge=0)
+
+
+def _read_token(path: Path) -> str | None:
+    try:
+        token = path.read_text().strip()
+    except OSError:
+        return None
+    return token or None
+
+
+def build_admin_app(token_file: str | Path, holder: Callable[[], KnobHolder | None],
+                    on_push: Callable[[SchedulerKnobs], None]) -> FastAPI:
+    """`holder()` is the engine's knob holder, None while the model loads; `on_push` runs after a pushed change
+    was installed (publish the metrics, stop following the file)."""
+    token_path = Path(token_file)
+    app = FastAPI(title="chunkpilot engine admin", version="0.1.0", openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_req: Request, exc: ApiError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError):
+        msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+                        for e in exc.errors()[:5])
+        return bad_request(f"{msg}; nothing was changed", None).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_req: Request, exc: StarletteHTTPException):
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error", code=exc.status_code),
+                            exc.status_code)
+
+    def authorize(request: Request) -> None:
+        expected = _read_token(token_path)
+        if expected is None:  # fail closed: no token file, no admin
+            raise ApiError(503, f"the admin token file {token_path} is missing or empty", "service_unavailable",
+                           code=503)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+            raise ApiError(401, "a valid bearer token is required for the admin endpoint", "authentication_error",
+                           code=401, headers={"WWW-Authenticate": "Bearer"})
+
+    def ready_holder() -> KnobHolder:
+        h = holder()
+        if h is None:
+            raise unavailable("the model is still loading; the knobs file is applied when it is ready")
+        return h
+
+    def answer(knobs: SchedulerKnobs) -> dict:
+        return {"token_budget": knobs.token_budget, "max_chunk": knobs.max_chunk, "generation": knobs.generation}
+
+    @app.get(KNOBS_PATH)
+    async def get_knobs(request: Request) -> dict:
+        authorize(request)
+        return answer(ready_holder().get())
+
+    @app.put(KNOBS_PATH)
+    async def put_knobs(body: KnobsBody, request: Request) -> dict:
+        authorize(request)
+        h = ready_holder()
+        knobs = SchedulerKnobs(body.token_budget, body.max_chunk, body.generation)
+        if knobs != h.get():
+            try:
+                h.set(knobs)  # validates; a bad value raises and the last good knobs stay
+            except ValueError as e:
+                raise bad_request(f"{e}; keeping {answer(h.get())}", None) from None
+            log.info("applied pushed knobs %s", knobs)
+        on_push(knobs)
+        return answer(h.get())
+
+    return app
