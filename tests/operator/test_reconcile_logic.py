@@ -126,32 +126,3 @@ def test_spec_errors_name_the_field_in_the_crd_spelling():
     with pytest.raises(ValidationError) as err:
         InferenceDeploymentSpec.model_validate({"model": {"source": "hostpath:///m"}, "engine": {"maxNumSeqs": 0}})
     assert "spec.engine.maxNumSeqs" in spec_error_message(err.value) and "(got 0)" in spec_error_message(err.value)
-
-
-def test_resync_passes_every_object_seen_and_forgets_the_gone():
-    import threading
-
-    from chunkpilot.operator.handlers import Resync
-
-    stopping = threading.Event()
-    passes: list[tuple[str, str]] = []
-
-    class FakeReconciler:
-        def reconcile_by_name(self, namespace, name):
-            passes.append((namespace, name))
-            if name == "gone":
-                return None  # deleted while no DELETED event reached us (e.g. across a 410 re-list)
-            if len(passes) >= 6:
-                stopping.set()
-            return object()
-
-    resync = Resync(FakeReconciler(), 0.01, stopping)
-    for name in ("a", "b", "gone", "c"):
-        resync.seen("ns", name, deleted=False)
-    resync.seen("ns", "c", deleted=True)  # a DELETED event: never passed again
-    thread = threading.Thread(target=resync.run)
-    thread.start()
-    thread.join(5)
-    assert not thread.is_alive()
-    assert passes[:3] == [("ns", "a"), ("ns", "b"), ("ns", "gone")]
-    assert ("ns", "c") not in passes and passes.count(("ns", "gone")) == 1  # forgotten after it was not found

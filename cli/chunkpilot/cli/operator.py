@@ -110,6 +110,10 @@ def run(
         return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
     names = split(namespace)
+    if peering and any(ch in n for n in names for ch in "*?["):
+        typer.echo("error: --peering with glob namespaces is not supported (each replica reads the peering object of "
+                   "every watched namespace): list the namespaces by name", err=True)
+        raise typer.Exit(2)
     policy = Policy(allowed_host_paths=split(allowed_host_path),
                     allowed_image_prefixes=split(allowed_image_prefix) or None,
                     allowed_priority_classes=split(allowed_priority_class),

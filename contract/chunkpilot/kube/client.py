@@ -7,6 +7,7 @@ Events) is in this file; the tests check the Helm chart's RBAC against what they
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import dataclass
 
@@ -124,6 +125,30 @@ class Kube:
         return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE, _preload_content=False))
 
+    def post_event(self, obj: dict, type_: str, reason: str, message: str, component: str) -> None:
+        """A core/v1 Event about `obj`, as `kubectl describe` shows it. Ours and not kopf.event: kopf can post only
+        from inside its own handlers (its queue lives in their context), and the passes run in the work queue."""
+        meta = obj.get("metadata") or {}
+        now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+        ns = meta.get("namespace", "default")
+        body = {"metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": ns},
+                "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta.get("name"),
+                                   "namespace": ns, "uid": meta.get("uid"),
+                                   "resourceVersion": meta.get("resourceVersion")},
+                "type": type_, "reason": reason, "message": message[:1024], "count": 1,
+                "firstTimestamp": now, "lastTimestamp": now, "source": {"component": component},
+                "reportingComponent": component}
+        self._api("CoreV1Api").create_namespaced_event(ns, body, _preload_content=False)
+
+    def read_peerings(self, name: str, namespaces: tuple[str, ...] = ()) -> list[dict]:
+        """kopf's peering object(s) of that name: the ClusterKopfPeering, or the KopfPeering in each namespace."""
+        api = self._api("CustomObjectsApi")
+        if not namespaces:
+            return [self._json(api.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name,
+                                                             _preload_content=False))]
+        return [self._json(api.get_namespaced_custom_object("kopf.dev", "v1", ns, "kopfpeerings", name,
+                                                            _preload_content=False)) for ns in namespaces]
+
     def list_pods(self, namespace: str, selector: dict[str, str]) -> list[dict]:
         label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
         return self._json(self._api("CoreV1Api").list_namespaced_pod(
@@ -160,20 +185,10 @@ class Kube:
         return self._json(self._api("CustomObjectsApi").patch_namespaced_custom_object_scale(
             GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE, _preload_content=False))
 
-    def autoscalers_targeting(self, namespace: str, targets: list[tuple[str, str, str]]) -> dict[str, tuple]:
-        """The HorizontalPodAutoscalers (autoscaling/v2) in `namespace` whose scaleTargetRef is one of `targets`
-        ((API group, kind, name); "" is the core group): {HPA name: the target it names}."""
-        items = self._json(self._api("AutoscalingV2Api").list_namespaced_horizontal_pod_autoscaler(
+    def list_autoscalers(self, namespace: str) -> list[dict]:
+        """The HorizontalPodAutoscalers (autoscaling/v2) in `namespace` (chunkpilot.kube.autoscalers reads them)."""
+        return self._json(self._api("AutoscalingV2Api").list_namespaced_horizontal_pod_autoscaler(
             namespace, _preload_content=False)).get("items", [])
-        out = {}
-        for hpa in items:
-            ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
-            api_version = ref.get("apiVersion") or ""
-            group = api_version.split("/")[0] if "/" in api_version else ""
-            target = (group, ref.get("kind"), ref.get("name"))
-            if target in targets:
-                out[hpa["metadata"]["name"]] = target
-        return out
 
     def crd_exists(self, name: str) -> bool:
         try:

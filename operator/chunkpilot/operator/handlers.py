@@ -1,4 +1,8 @@
-"""kopf wiring, kept thin: every trigger runs the same level-triggered Reconciler pass.
+"""kopf wiring, kept thin: every trigger queues the object's key, and the work queue (chunkpilot.kube.work_queue)
+runs the same level-triggered Reconciler pass on a fresh read: duplicate triggers merged, one pass at a time per
+object, a failed knobs push retried after 1 s doubling to 30 s, and every object passed again each `resync`.
+On a standby replica (kopf peering) kopf stops delivering events and the queue's gate (peering_gate.py) holds the
+passes, retries and resyncs too.
 
 Why event handlers and not kopf's create/update handlers: the knobs live partly in status (the tuner writes
 `status.scheduler`), which kopf's change detection ignores, and a pass that reads everything fresh needs no stored
@@ -19,10 +23,13 @@ import threading
 from dataclasses import dataclass, field
 
 import kopf
+from kubernetes.client import ApiException
 
 from chunkpilot.api.types import GROUP, KIND, PLURAL, VERSION
 from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
+from chunkpilot.kube.peering_gate import PeeringGate
+from chunkpilot.kube.work_queue import WorkQueue
 from chunkpilot.operator import builders
 from chunkpilot.operator.apply import FIELD_MANAGER
 from chunkpilot.operator.reconciler import Reconciler
@@ -59,44 +66,19 @@ def kopf_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     return settings
 
 
-class Resync:
-    """Every InferenceDeployment the watch has shown, passed again every `interval` seconds from a thread of its
-    own (one at a time: a resync must not crowd out the passes real changes trigger)."""
-
-    def __init__(self, reconciler: Reconciler, interval: float, stopping: threading.Event) -> None:
-        self.reconciler, self.interval, self.stopping = reconciler, interval, stopping
-        self._known: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
-
-    def seen(self, namespace: str, name: str, deleted: bool) -> None:
-        with self._lock:
-            (self._known.discard if deleted else self._known.add)((namespace, name))
-
-    def run(self) -> None:
-        while not self.stopping.wait(self.interval):
-            with self._lock:
-                keys = sorted(self._known)
-            for namespace, name in keys:
-                if self.stopping.is_set():
-                    return
-                try:
-                    if self.reconciler.reconcile_by_name(namespace, name) is None:
-                        self.seen(namespace, name, deleted=True)  # gone (a DELETED event can be missed in a 410)
-                except Exception:  # noqa: BLE001 - one object's failure must not end the resync of the others
-                    log.exception("resync of %s/%s failed; retried in %ss", namespace, name, self.interval)
-
-
 def build_registry() -> kopf.OperatorRegistry:
     registry = with_client_login(kopf.OperatorRegistry())
 
-    # Passes still queued for the thread pool when we stop just return (they are idempotent; see run()).
+    # Handlers only queue the object's key: the pass reads it fresh (chunkpilot.kube.work_queue).
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     def inference_deployment_changed(event: kopf.RawEvent, memo: kopf.Memo, **_) -> None:
         meta = event["object"].get("metadata", {})
-        memo.resync.seen(meta.get("namespace", "default"), meta.get("name"), event["type"] == "DELETED")
-        if event["type"] == "DELETED" or memo.stopping.is_set():
-            return
-        memo.reconciler.reconcile(event["object"])
+        key = (meta.get("namespace", "default"), meta.get("name"))
+        if event["type"] == "DELETED":
+            memo.queue.forget(key)
+            memo.reconciler.forget(*key)
+        elif not memo.stopping.is_set():
+            memo.queue.add(key)
 
     @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "chunkpilot-operator"},
                    registry=registry)
@@ -106,7 +88,7 @@ def build_registry() -> kopf.OperatorRegistry:
         meta = event["object"].get("metadata", {})
         for ref in meta.get("ownerReferences") or []:
             if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-                memo.reconciler.reconcile_by_name(meta.get("namespace", "default"), ref["name"])
+                memo.queue.add((meta.get("namespace", "default"), ref["name"]))
 
     @kopf.on.probe(id="reconciler", registry=registry)
     def reconciler_alive(memo: kopf.Memo, **_) -> str:
@@ -115,8 +97,24 @@ def build_registry() -> kopf.OperatorRegistry:
     return registry
 
 
-def post_event(obj: dict, type_: str, reason: str, message: str) -> None:
-    kopf.event(obj, type=type_, reason=reason, message=message[:1024])
+def pass_once(reconciler: Reconciler, queue: WorkQueue, key: tuple[str, str]) -> bool:
+    """One queued pass; True asks the queue to retry after a backoff (a knobs push failed)."""
+    out = reconciler.reconcile_by_name(*key)
+    if out is None:  # gone (a DELETED event can be missed across a 410 re-list): no more resyncs
+        queue.forget(key)
+        reconciler.forget(*key)
+        return False
+    return out.retry
+
+
+def event_poster(kube: Kube):
+    def post(obj: dict, type_: str, reason: str, message: str) -> None:
+        try:
+            kube.post_event(obj, type_, reason, message, component="chunkpilot-operator")
+        except ApiException as e:  # an Event is news, not state: a pass never fails for one
+            log.warning("event %s on %s not posted: %s %s", reason, (obj.get("metadata") or {}).get("name"),
+                        e.status, e.reason)
+    return post
 
 
 def run(config: OperatorConfig) -> None:
@@ -125,15 +123,23 @@ def run(config: OperatorConfig) -> None:
     pod stops in about a second instead of working through its backlog."""
     load_config()
     stopping = threading.Event()
-    reconciler = Reconciler(Kube(pool_size=config.workers * 2, field_manager=FIELD_MANAGER), config.engine, post_event)
-    reconciler.stopping = stopping  # pending knobs-push retries end with the process
-    resync = Resync(reconciler, config.resync_seconds, stopping)
-    memo = kopf.Memo(reconciler=reconciler, stopping=stopping, resync=resync)
+    kube = Kube(pool_size=config.workers * 2, field_manager=FIELD_MANAGER)
+    reconciler = Reconciler(kube, config.engine, event_poster(kube))
+    process = kopf_process(config)
+    # kopf pauses its own handlers on a standby replica; the queue's resync and retries ask the same peering object
+    gate = PeeringGate(None if config.peering is None else
+                       (lambda: kube.read_peerings(config.peering, config.namespaces)), process.priority)
+    queue = WorkQueue(lambda key: pass_once(reconciler, queue, key), workers=config.workers,
+                      resync=config.resync_seconds, gate=gate, name="reconcile")
+    memo = kopf.Memo(reconciler=reconciler, stopping=stopping, queue=queue)
     def on_signal(signum, _frame) -> None:
         log.info("%s received: finishing the passes in flight and stopping", signal.Signals(signum).name)
         stopping.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    threading.Thread(target=resync.run, name="resync", daemon=True).start()
-    kopf_process(config).run(build_registry(), kopf_settings(config), memo, stopping)
+    queue.start()
+    try:
+        process.run(build_registry(), kopf_settings(config), memo, stopping)
+    finally:
+        queue.stop()

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +20,7 @@ from chunkpilot.api.types import (InferenceDeployment, InferenceDeploymentSpec, 
 from chunkpilot.operator import builders
 from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, ready_pods
 from chunkpilot.contract.knobs import parse_knobs
+from chunkpilot.kube.autoscalers import AutoscalerCheck
 from chunkpilot.kube.client import Kube
 from chunkpilot.kube.conditions import condition, now_rfc3339
 from chunkpilot.operator.apply import describe, plan, with_hash
@@ -37,10 +36,6 @@ SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 OPTIONAL_CHILDREN = [("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
                      ("networking.k8s.io/v1", "NetworkPolicy")]
 
-# How long a namespace's HPAs on a child Deployment are trusted before they are listed again.
-HPA_CACHE_SECONDS = 30.0
-# A failed knobs push is retried after 1 s, doubling to this (the ConfigMap reaches the pod meanwhile anyway).
-PUSH_RETRY_MAX_SECONDS = 30.0
 
 
 @dataclass
@@ -48,6 +43,7 @@ class Outcome:
     changes: list[str] = field(default_factory=list)  # e.g. "apply ConfigMap x"
     problem: Problem | None = None
     status: dict | None = None  # the status patch written, if any
+    retry: bool = False  # a knobs push failed: pass again after a backoff (the work queue's)
 
 
 def spec_error_message(err: ValidationError) -> str:
@@ -67,32 +63,27 @@ class Reconciler:
         self.settings = settings
         self.post_event = post_event
         self.pusher = pusher or HttpPusher(builders.ADMIN_PORT)
-        self._applied_tokens: dict[str, str] = {}  # uid -> token applied to its Secret by this process
-        self._retries: dict[tuple[str, str], tuple[float, threading.Timer]] = {}
-        self._retry_lock = threading.Lock()
-        self.stopping = threading.Event()
-        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._applied_tokens: dict[tuple[str, str], str] = {}  # token this process applied to each object's Secret
         self._crd_cache: tuple[float, bool] | None = None
         self._crd_cache_seconds = crd_cache_seconds
         self._warned_monitor: set[str] = set()
         self._warned_hpa: set[str] = set()
-        self._hpa_cache: dict[tuple[str, str], tuple[float, list[str]]] = {}
-
-    def reconcile(self, raw: dict) -> Outcome:
-        meta = raw.get("metadata", {})
-        # The Deployment watch and the InferenceDeployment watch both trigger passes; one at a time per object.
-        with self._locks[(meta.get("namespace", "default"), meta["name"])]:
-            return self._reconcile(raw)
+        self.autoscalers = AutoscalerCheck(kube)
+        self._hpa_owned: dict[tuple[str, str], bool] = {}  # an HPA owned the Deployment's count at the last pass
 
     def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
-        """A pass on a fresh read, taken under the object's lock: read first and a pass on a newer version could
-        run in between, leaving this one to apply the older copy. None when the object is gone."""
-        with self._locks[(namespace, name)]:
-            raw = self.kube.read_inference_deployment(namespace, name)
-            return None if raw is None else self._reconcile(raw)
+        """A pass on a fresh read; None when the object is gone. The work queue (chunkpilot.kube.work_queue) runs
+        one pass at a time per object, so no pass on an older copy can land after a newer one."""
+        raw = self.kube.read_inference_deployment(namespace, name)
+        return None if raw is None else self.reconcile(raw)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The object is gone: drop what this process remembered about it."""
+        self._hpa_owned.pop((namespace, name), None)
+        self._applied_tokens.pop((namespace, name), None)
 
     # -- one pass ------------------------------------------------------------------------------------------
-    def _reconcile(self, raw: dict) -> Outcome:
+    def reconcile(self, raw: dict) -> Outcome:
         meta = raw["metadata"]
         if meta.get("deletionTimestamp"):
             return Outcome()  # owner references let the garbage collector remove the children
@@ -128,10 +119,10 @@ class Reconciler:
         status = raw.get("status") or {}
         knobs = None
         if obj is not None and out.problem is None and deploy_live is not None:
-            knobs = self._deliver_knobs(obj)
+            knobs, out.retry = self._deliver_knobs(obj)
         spec = raw.get("spec") or {}
         replicas = obj.spec.replicas if obj is not None else int(spec.get("replicas") or 0)
-        if deploy_live is not None and self._hpa_cache.get((ns, name), (0.0, []))[1]:  # the HPA owns the count
+        if deploy_live is not None and self._hpa_owned.get((ns, name)):  # the HPA owns the count
             replicas = int((deploy_live.get("spec") or {}).get("replicas") or 0)
         patch = status_patch(status, deploy=deploy_live, desired_replicas=replicas, generation=meta.get("generation"),
                              selector=",".join(f"{k}={v}" for k, v in builders.selector_labels(name).items()),
@@ -152,9 +143,9 @@ class Reconciler:
     def _apply_token_secret(self, obj: InferenceDeployment, out: Outcome) -> None:
         """The admin token's Secret, applied without reading it back (the operator has no right to read Secrets):
         at most once per process and token; a same-named Secret someone else wrote is a 409, not taken over."""
-        uid = obj.metadata.get("uid", "")
-        token = builders.admin_token(obj, self.settings)
-        if self._applied_tokens.get(uid) == token:
+        key = (obj.metadata.get("namespace", "default"), obj.metadata["name"])
+        token = builders.admin_token(obj, self.settings)  # bound to the uid: a recreated object gets a new one
+        if self._applied_tokens.get(key) == token:
             return
         secret = builders.admin_token_secret(obj, self.settings)
         try:
@@ -163,48 +154,25 @@ class Reconciler:
             if e.status == 409:
                 raise _NameConflict([describe(secret)]) from None
             raise
-        self._applied_tokens[uid] = token
+        self._applied_tokens[key] = token
         out.changes.append(f"apply {describe(secret)}")
 
-    def _deliver_knobs(self, obj: InferenceDeployment) -> KnobsStatus | None:
-        """Push the desired knobs to the ready pods that have not acknowledged them; retry the failures later."""
+    def _deliver_knobs(self, obj: InferenceDeployment) -> tuple[KnobsStatus | None, bool]:
+        """Push the desired knobs to the ready pods that have not acknowledged them. Returns status.knobs and
+        whether to pass again (a push failed: the queue retries after 1 s, doubling to 30 s)."""
         ns, name = obj.metadata.get("namespace", "default"), obj.metadata["name"]
         knobs, source = desired_knobs(obj)
         try:
             pods = ready_pods(self.kube.list_pods(ns, builders.selector_labels(name)))
         except ApiException as e:
             log.warning("cannot list the pods of %s/%s: %s", ns, name, _api_message(e, "listing pods"))
-            return obj.status.knobs
+            return obj.status.knobs, True
         status, failures = deliver(obj.status.knobs, knobs, source, pods,
                                    self.pusher.for_token(builders.admin_token(obj, self.settings)))
         if failures:
             log.info("knobs generation %d not yet pushed to %s/%s: %s (the pods also read the ConfigMap)",
                      knobs.generation, ns, name, "; ".join(failures))
-        self._schedule_retry(ns, name, bool(failures))
-        return status
-
-    def _schedule_retry(self, ns: str, name: str, failed: bool) -> None:
-        """At most one pending retry per object, 1 s doubling to PUSH_RETRY_MAX_SECONDS; a success resets it."""
-        key = (ns, name)
-        with self._retry_lock:
-            prev = self._retries.pop(key, None)
-            if prev is not None:
-                prev[1].cancel()
-            if not failed or self.stopping.is_set():
-                return
-            delay = min(PUSH_RETRY_MAX_SECONDS, prev[0] * 2 if prev else 1.0)
-            timer = threading.Timer(delay, self._retry, args=(ns, name))
-            timer.daemon = True
-            self._retries[key] = (delay, timer)
-            timer.start()
-
-    def _retry(self, ns: str, name: str) -> None:
-        if self.stopping.is_set():
-            return
-        try:
-            self.reconcile_by_name(ns, name)
-        except Exception:  # noqa: BLE001 - a timer thread must not die with a traceback nobody reads
-            log.exception("retrying the knobs push to %s/%s failed", ns, name)
+        return status, bool(failures)
 
     def _parse(self, raw: dict) -> InferenceDeployment:
         spec = InferenceDeploymentSpec.model_validate(raw.get("spec") or {})
@@ -309,18 +277,15 @@ class Reconciler:
         return kept
 
     def _hpas_on_deployment(self, namespace: str, name: str) -> list[str]:
-        """HPAs on the child Deployment, read at most every HPA_CACHE_SECONDS per object. A list that cannot be
-        read (RBAC of an older chart) counts as none: the operator then behaves as before."""
-        now = time.monotonic()
-        hit = self._hpa_cache.get((namespace, name))
-        if hit is None or now - hit[0] > HPA_CACHE_SECONDS:
-            try:
-                names = sorted(self.kube.autoscalers_targeting(namespace, [("apps", "Deployment", name)]))
-            except ApiException as e:
-                log.warning("cannot list HorizontalPodAutoscalers in %s: %s", namespace, _api_message(e, "listing"))
-                names = []
-            hit = self._hpa_cache[(namespace, name)] = (now, names)
-        return hit[1]
+        """HPAs on the child Deployment (the shared check: one list per namespace at most every 30 s). A list that
+        cannot be read (RBAC of an older chart) counts as none: the operator then behaves as before."""
+        try:
+            names = sorted(self.autoscalers.targeting(namespace, [("apps", "Deployment", name)]))
+        except ApiException as e:
+            log.warning("cannot list HorizontalPodAutoscalers in %s: %s", namespace, _api_message(e, "listing"))
+            names = []
+        self._hpa_owned[(namespace, name)] = bool(names)
+        return names
 
     def _prune(self, raw: dict, desired: list[dict], out: Outcome) -> None:
         """Delete the optional children the spec no longer wants (PDB at replicas <= 1, ServiceMonitor switched

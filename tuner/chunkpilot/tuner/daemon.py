@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass
 
 import kopf
@@ -35,9 +34,11 @@ from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatu
                                   InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus, SchedulerStatus,
                                   SLOStatus, TuningStatus, desired_knobs, knob_refusal)
 from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.kube.autoscalers import AutoscalerCheck
 from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
 from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
+from chunkpilot.kube.peering_gate import PeeringGate
 from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.config import TuningConfig, build_loop
 from chunkpilot.tuner.interfaces import ReplicaCount
@@ -184,16 +185,12 @@ class StatusActuator:
 class StatusScaler:
     """Replicas through the scale subresource. The count and readiness come from the resource (the operator
     mirrors its Deployment into status.replicas and status.readyReplicas). Auto is refused while an HPA targets the
-    resource: two controllers must not fight over spec.replicas. The HPA list is read at most every
-    HPA_CHECK_SECONDS."""
+    resource: two controllers must not fight over spec.replicas. The HPA check is the shared one
+    (chunkpilot.kube.autoscalers: one list per namespace at most every 30 s)."""
 
-    HPA_CHECK_SECONDS = 30.0
-
-    def __init__(self, kube: Kube, namespace: str, name: str, clock=None) -> None:
+    def __init__(self, kube: Kube, namespace: str, name: str, autoscalers: AutoscalerCheck | None = None) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
-        self._clock = clock or time.monotonic
-        self._checked: float | None = None
-        self._refused = ""
+        self.autoscalers = autoscalers or AutoscalerCheck(kube)
 
     def replicas(self) -> ReplicaCount:
         raw = self.kube.read_inference_deployment(self.namespace, self.name) or {}
@@ -213,25 +210,20 @@ class StatusScaler:
         return True
 
     def refused(self) -> str:
-        now = self._clock()
-        if self._checked is None or now - self._checked >= self.HPA_CHECK_SECONDS:
-            self._checked = now
-            try:
-                # ours, or the Deployment the operator made for it (same name): either fights over the replicas
-                hpas = self.kube.autoscalers_targeting(self.namespace, [(GROUP, KIND, self.name),
-                                                                         ("apps", "Deployment", self.name)])
-            except ApiException as e:  # not knowing is no licence to fight another controller
-                self._refused = (f"cannot list HorizontalPodAutoscalers in {self.namespace} ({e.status} {e.reason}): "
-                                 f"autoscaling.mode auto is refused until the tuner may (chart RBAC)")
-                return self._refused
-            self._refused = "" if not hpas else (
-                f"HorizontalPodAutoscaler {', '.join(hpas)} targets "
-                + ("the Deployment of this InferenceDeployment"
-                   if all(t[1] == "Deployment" for t in hpas.values()) else "this InferenceDeployment")
-                + ": autoscaling.mode auto is refused, two controllers must not fight over replicas; recommending "
-                  "only. Use mode recommend and let an HPA on the InferenceDeployment (its scale subresource) act "
-                  "on chunkpilot:tuner_desired_replicas, or delete the HPA")
-        return self._refused
+        try:
+            # ours, or the Deployment the operator made for it (same name): either fights over the replicas
+            hpas = self.autoscalers.targeting(self.namespace, [(GROUP, KIND, self.name),
+                                                               ("apps", "Deployment", self.name)])
+        except ApiException as e:  # not knowing is no licence to fight another controller
+            return (f"cannot list HorizontalPodAutoscalers in {self.namespace} ({e.status} {e.reason}): "
+                    f"autoscaling.mode auto is refused until the tuner may (chart RBAC)")
+        return "" if not hpas else (
+            f"HorizontalPodAutoscaler {', '.join(hpas)} targets "
+            + ("the Deployment of this InferenceDeployment"
+               if all(t[1] == "Deployment" for t in hpas.values()) else "this InferenceDeployment")
+            + ": autoscaling.mode auto is refused, two controllers must not fight over replicas; recommending "
+              "only. Use mode recommend and let an HPA on the InferenceDeployment (its scale subresource) act "
+              "on chunkpilot:tuner_desired_replicas, or delete the HPA")
 
 
 class StatusPublisher:
@@ -333,8 +325,13 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
     sleep = stopped.wait  # True once stopped: the measurer gives up its window
     histories = memo.setdefault("scaling_histories", {})
     history = histories.setdefault(uid, [])
+    autoscalers = memo.setdefault("autoscalers", AutoscalerCheck(kube))
+    may_act = memo.get("gate") or (lambda: True)
     backoff = ERROR_BACKOFF_INITIAL
     while not stopped.is_set():
+        if not may_act():  # another tuner replica acts (kopf peering): stand by, write nothing
+            sleep(5)
+            continue
         raw = kube.read_inference_deployment(namespace, name)
         if raw is None or raw["metadata"].get("uid", "") != uid:
             histories.pop(uid, None)
@@ -353,7 +350,8 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
             loop = build_loop(config, StatusActuator(writer, start, generation),
                               PrometheusMeasurer(source, config.slo, sleep=sleep),
                               StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)),
-                              scaler=StatusScaler(kube, namespace, name), scaling_history=history)
+                              scaler=StatusScaler(kube, namespace, name, autoscalers),
+                              scaling_history=history)
             built_for = config
             # an SRE reading the log after a restart or a reinstall sees whether the study (on its volume or
             # database) came back, or whether the tuner starts from nothing
@@ -396,7 +394,12 @@ def run(cluster: ClusterConfig, metrics: TunerMetrics, stop: threading.Event) ->
     tuning thread ends its window and returns."""
     load_config()
     process = kopf_process(cluster)
-    memo = kopf.Memo(kube=Kube(), cluster=cluster, metrics=metrics, stopping=stop)
+    kube = Kube()
+    # kopf pauses its watch handling on a standby replica, not our tuning threads: they ask the same peering object
+    gate = PeeringGate(None if cluster.peering is None else
+                       (lambda: kube.read_peerings(cluster.peering, cluster.namespaces)), process.priority)
+    memo = kopf.Memo(kube=kube, cluster=cluster, metrics=metrics, stopping=stop, autoscalers=AutoscalerCheck(kube),
+                     gate=gate)
     memo.supervisor = Supervisor(lambda namespace, name, uid, stopped: tune_one(namespace, name, uid, memo, stopped))
     try:
         process.run(build_registry(), process.settings(), memo, stop)

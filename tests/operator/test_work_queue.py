@@ -1,0 +1,164 @@
+"""The shared controller runtime (chunkpilot.kube.work_queue, peering_gate, autoscalers): merged keys, one pass at
+a time per key, rate-limited retries, resync, a gate that holds everything, and kopf's peering rule."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+
+from chunkpilot.kube.autoscalers import AutoscalerCheck, targeting
+from chunkpilot.kube.peering_gate import PeeringGate, live_priorities, may_act
+from chunkpilot.kube.work_queue import WorkQueue
+
+
+def wait_for(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+class Recorder:
+    """A pass that blocks until released, recording overlaps per key."""
+
+    def __init__(self, retry_for=()):
+        self.lock = threading.Lock()
+        self.running: set = set()
+        self.passes: list = []
+        self.overlap = False
+        self.release = threading.Event()
+        self.retry_for = set(retry_for)
+
+    def __call__(self, key) -> bool:
+        with self.lock:
+            self.overlap |= key in self.running
+            self.running.add(key)
+        self.release.wait(5)
+        with self.lock:
+            self.running.discard(key)
+            self.passes.append(key)
+        return key in self.retry_for
+
+    def is_running(self, key) -> bool:
+        with self.lock:
+            return key in self.running
+
+    def count(self, key) -> int:
+        with self.lock:
+            return self.passes.count(key)
+
+    def all(self) -> list:
+        with self.lock:
+            return list(self.passes)
+
+
+def test_keys_added_while_waiting_merge_and_a_key_never_runs_beside_itself():
+    rec = Recorder()
+    q = WorkQueue(rec, workers=4, resync=3600)
+    q.start()
+    try:
+        q.add("a")
+        assert wait_for(lambda: rec.is_running("a"))
+        for _ in range(10):  # ten events while its pass runs: one more pass after it, not ten, and not beside it
+            q.add("a")
+        q.add("b")
+        assert wait_for(lambda: rec.is_running("b"))
+        rec.release.set()
+        assert wait_for(lambda: q.pending() == 0)
+        assert sorted(rec.all()) == ["a", "a", "b"] and not rec.overlap
+    finally:
+        rec.release.set()
+        q.stop()
+
+
+def test_a_failed_pass_is_retried_with_a_growing_backoff_and_a_forgotten_key_is_not():
+    rec = Recorder(retry_for={"x"})
+    rec.release.set()
+    q = WorkQueue(rec, workers=1, resync=3600, backoff=0.05, max_backoff=0.2)
+    q.start()
+    try:
+        q.add("x")
+        assert wait_for(lambda: rec.count("x") >= 4, 5)
+        t = time.monotonic()
+        q.forget("x")
+        n = rec.count("x")
+        time.sleep(0.5)
+        assert rec.count("x") <= n + 1, "retries went on after forget"
+        assert time.monotonic() - t >= 0.5
+    finally:
+        q.stop()
+
+
+def test_resync_passes_every_known_key_again_and_the_gate_holds_everything():
+    rec = Recorder()
+    rec.release.set()
+    open_ = threading.Event()
+    q = WorkQueue(rec, workers=2, resync=0.1, gate=open_.is_set)
+    q.start()
+    try:
+        q.add("a")
+        q.add("b")
+        time.sleep(0.4)
+        assert rec.all() == []  # a standby replica passes nothing, not even what its own events queued
+        open_.set()
+        assert wait_for(lambda: rec.count("a") >= 2 and rec.count("b") >= 2)  # passes, then resyncs
+        q.forget("b")
+        n = rec.count("b")
+        time.sleep(0.4)
+        assert rec.count("b") <= n + 1 and rec.count("a") > 2
+    finally:
+        q.stop()
+
+
+def test_kopfs_peering_rule_read_off_the_peering_object():
+    now = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.UTC)
+
+    def rec(priority, ago, lifetime=60):
+        return {"priority": priority, "lifetime": lifetime,
+                "lastseen": (now - datetime.timedelta(seconds=ago)).isoformat()}
+    status = {"pod-a": rec(10, 5), "pod-b": rec(20, 5), "pod-c": rec(99, 120), "junk": "x"}
+    assert sorted(live_priorities(status, now)) == [10, 20]  # pod-c's record expired
+    assert may_act([10, 20], 20) and not may_act([10, 20], 10)
+    assert not may_act([20, 20], 20)  # equal priorities: kopf pauses them all
+
+
+def test_the_gate_stands_by_until_the_object_says_otherwise_and_caches_its_read():
+    reads = []
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    objects = [{"status": {"me": {"priority": 5, "lastseen": now, "lifetime": 60},
+                           "other": {"priority": 9, "lastseen": now, "lifetime": 60}}}]
+    clock = [0.0]
+    gate = PeeringGate(lambda: reads.append(1) or objects, priority=5, cache_seconds=5, clock=lambda: clock[0])
+    assert gate() is False  # a higher live peer
+    objects[0]["status"].pop("other")
+    assert gate() is False and len(reads) == 1  # cached
+    clock[0] = 6
+    assert gate() is True and len(reads) == 2
+    assert PeeringGate(None, priority=0)() is True  # standalone
+
+
+def test_one_hpa_list_per_namespace_serves_every_object_for_its_period():
+    items = [{"metadata": {"name": "h1"}, "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                                      "name": "a"}}},
+             {"metadata": {"name": "h2"}, "spec": {"scaleTargetRef": {"apiVersion": "chunkpilot.io/v1alpha1",
+                                                                      "kind": "InferenceDeployment", "name": "b"}}}]
+    assert targeting(items, [("apps", "Deployment", "a")]) == {"h1": ("apps", "Deployment", "a")}
+
+    class Kube:
+        calls = 0
+
+        def list_autoscalers(self, namespace):
+            Kube.calls += 1
+            return items
+    clock = [0.0]
+    check = AutoscalerCheck(Kube(), seconds=30, clock=lambda: clock[0])
+    assert check.targeting("ns", [("apps", "Deployment", "a")]) == {"h1": ("apps", "Deployment", "a")}
+    assert check.targeting("ns", [("chunkpilot.io", "InferenceDeployment", "b")]) == {
+        "h2": ("chunkpilot.io", "InferenceDeployment", "b")}
+    assert Kube.calls == 1
+    clock[0] = 31
+    check.targeting("ns", [])
+    assert Kube.calls == 2
