@@ -379,3 +379,46 @@ def test_with_nothing_feasible_the_users_slos_rank_before_the_prefill_headroom()
     assert by_knobs[Knobs(96, 64)].violation == pytest.approx(0.16, abs=1e-3)
     assert study.best().knobs == Knobs(64, 64)
     assert by_knobs[Knobs(64, 64)].slo_violation < 0
+
+
+class Killed(BaseException):
+    """The process dying mid-window (not an error the loop handles)."""
+
+
+def test_a_tuner_killed_mid_trial_resumes_with_the_same_memory_and_the_same_next_decision(tmp_path):
+    """The trials were always in the study; now the loop's other memory is too (the windows measured next to
+    predicted, which calibrate its predictions), and a trial left running is measured again rather than replaced
+    by a new ask: the restarted tuner's next decision is the one the uninterrupted tuner made."""
+    twin = Fake()
+    loop, _ = make(twin, storage=f"sqlite:///{tmp_path / 'twin.db'}")
+    for _ in range(6):
+        loop.iterate()
+
+    calls = {"n": 0}
+    first = Fake()
+    measure = first.measure
+
+    def dies_on_the_fifth_measure(seconds):  # probe and window per trial: dies inside the third trial's window
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise Killed()
+        return measure(seconds)
+    first.measure = dies_on_the_fifth_measure
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    loop, study = make(first, storage=url)
+    with pytest.raises(Killed):
+        for _ in range(6):
+            loop.iterate()
+    killed_at = first.applied_log[-1]
+    before = [dict(h) for h in loop.state.history]
+
+    again = Fake(start=first.knobs)  # the pods keep the knobs they ran; a new tuner process starts
+    loop2, study2 = make(again, storage=url)
+    assert study2.closed_stale == 1
+    assert [(h["kind"], h["token_budget"], h["max_chunk"]) for h in loop2.state.history] == \
+        [(h["kind"], h["token_budget"], h["max_chunk"]) for h in before]
+    loop2.iterate()
+    # it measures the killed trial's knobs (already running: nothing to apply), the decision the twin made there
+    assert again.applied_log in ([], [killed_at])
+    assert loop2.state.history[-1]["token_budget"] == killed_at.token_budget
+    assert killed_at == twin.applied_log[len(first.applied_log) - 1]

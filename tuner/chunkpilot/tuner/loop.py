@@ -90,8 +90,15 @@ class TunerLoop:
             raise ValueError(f"guidance must be one of {', '.join(GUIDANCE)}, got {settings.guidance!r}")
         self._backoff = settings.backoff_initial
         self._breaches = 0
-        self._since_incumbent = 0
-        self._baseline = False  # guided: the one window measured before any model could be fitted
+        # What the loop knows besides the trials comes back from the study after a restart: the windows measured
+        # next to predicted (they calibrate every prediction), whether the baseline was measured, and how many
+        # trials ran since the incumbent was last re-measured.
+        self.state.history = study.memory()[-999:]
+        epoch_kinds = [h.get("kind") for h in self.state.history if h.get("epoch") == study.epoch]
+        self._baseline = "baseline" in epoch_kinds  # guided: the one window measured before any model could be fitted
+        told = [t.user_attrs.get("kind") for t in study.completed()]
+        last = max((i for i, k in enumerate(told) if k == "incumbent"), default=None)
+        self._since_incumbent = len(told) - (0 if last is None else last)
         # guided needs a measurer that can fit the model (Prometheus, the simulator); others run black-box
         self._guided = settings.guidance == "model" and hasattr(measurer, "context")
         if study.closed_stale:
@@ -466,9 +473,13 @@ class TunerLoop:
         self.state.current_feasible = ok
         self.state.recorded += 1
         del self.state.history[:-999]  # the local report needs the recent past, not an unbounded list
-        self.state.history.append({"epoch": self.study.epoch, "kind": kind, "token_budget": knobs.token_budget,
-                                   "max_chunk": knobs.max_chunk, "feasible": ok,
-                                   **window.to_dict(), **self._forecast(knobs, window.seconds), **guided})
+        self._remember({"epoch": self.study.epoch, "kind": kind, "token_budget": knobs.token_budget,
+                        "max_chunk": knobs.max_chunk, "feasible": ok,
+                        **window.to_dict(), **self._forecast(knobs, window.seconds), **guided})
+
+    def _remember(self, entry: dict) -> None:
+        self.state.history.append(entry)
+        self.study.remember(entry)
 
     def _forecast(self, knobs: Knobs, seconds: float) -> dict:
         """Predicted next to measured, for every window: how far to trust the step-time model, and what the

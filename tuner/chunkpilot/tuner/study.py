@@ -12,6 +12,7 @@ constraints, epochs, resume.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import warnings
@@ -37,6 +38,7 @@ SHRINK = 1.0  # pseudo-windows of the median added to every setting's mean
 VIOLATION_TOLERANCE = 0.1
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 
+MEMORY_PREFIX = "memory:"  # study user attributes holding the loop's recorded windows
 
 def _constraints_of(trial: FrozenTrial) -> list[float]:
     return list(trial.user_attrs.get("constraints", [1.0]))
@@ -102,6 +104,7 @@ class TunerStudy:
         self.startup_trials = startup_trials
         self.epoch = self._latest_epoch()
         self.study = self._open(self.epoch)
+        self._remembered: int | None = None
         self.closed_stale = self._close_stale()
         # Completed trials of earlier epochs never change: count them once, not on every iteration (the loop
         # asks after each window, and scanning every study in a shared database grows with all deployments).
@@ -126,15 +129,37 @@ class TunerStudy:
         self._earlier_completed += len(self.completed())
         self.epoch += 1
         self.study = self._open(self.epoch)
+        self._remembered = None
         for k in seed_knobs:
             self.enqueue(k, "incumbent")
 
     def _close_stale(self) -> int:
+        """Trials an earlier tuner left running (it was killed mid-window) are failed, and their knobs queued again:
+        the next ask returns them, so a restarted tuner measures what it was measuring instead of deciding anew."""
         stale = [t for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
         for t in stale:
             self.study.tell(t.number, state=TrialState.FAIL)
-            log.warning("closed trial %d of %s left running by an earlier tuner", t.number, self.study.study_name)
+            attrs = t.user_attrs
+            if "token_budget" in attrs and "max_chunk" in attrs:
+                self.enqueue(Knobs(attrs["token_budget"], attrs["max_chunk"]), attrs.get("kind", "resumed"))
+            log.warning("trial %d of %s was left running by an earlier tuner: closed, and its knobs measured again",
+                        t.number, self.study.study_name)
         return len(stale)
+
+    # -- memory: what the loop learned besides the trials, kept beside them ---------------------------------
+    def remember(self, entry: dict) -> None:
+        """One window as the loop recorded it (measured next to predicted: what calibrates the predictions),
+        stored in this epoch's study so that a restarted tuner has the same knowledge."""
+        if self._remembered is None:  # counted once per epoch: later windows are numbered on
+            self._remembered = len(self.memory())
+        clean = json.loads(json.dumps(entry, default=str))  # the storage keeps JSON
+        self.study.set_user_attr(f"{MEMORY_PREFIX}{self._remembered:06d}", clean)
+        self._remembered += 1
+
+    def memory(self) -> list[dict]:
+        """This epoch's remembered windows, oldest first."""
+        attrs = self.study.user_attrs
+        return [attrs[k] for k in sorted(k for k in attrs if k.startswith(MEMORY_PREFIX))]
 
     # -- ask / tell -----------------------------------------------------------------------------------------
     def enqueue(self, knobs: Knobs, kind: str) -> None:
