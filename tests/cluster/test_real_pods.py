@@ -12,6 +12,7 @@ to the first token, and from a knob change in the ConfigMap to the engine applyi
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import threading
@@ -354,6 +355,37 @@ def test_the_tuner_retunes_the_running_pod_in_seconds_with_an_acknowledgement(st
     pod = stack.pod()
     assert pod.metadata.uid == stack.pod_uid and pod.status.container_statuses[0].restart_count == 0
     assert not errors, errors[:3]
+
+
+def test_a_restarted_engine_container_runs_the_current_knobs(stack):
+    """The engine process killed (an OOM, a crash): the kubelet restarts the container in the same pod, from a
+    ConfigMap volume that may hold an older copy than the knobs pushed since. The operator sees the new container
+    (its start time voids the old acknowledgement) and pushes again: the pod runs the knobs status.knobs says."""
+    pod = stack.pod()
+    status = pod.status.container_statuses[0]
+    stack.cluster.ctr("tasks", "kill", "-s", "SIGKILL", status.container_id.removeprefix("containerd://"))
+
+    def restarted():
+        p = stack.pod()
+        c = p.status.container_statuses[0]
+        return c.restart_count >= 1 and c.ready and p
+    pod = poll(restarted, 180, "the engine container restarted and ready", stack.diagnose)
+    started = pod.status.container_statuses[0].state.running.started_at
+
+    def runs_the_current_knobs():
+        k = stack.k.status(NS, NAME)["knobs"]
+        mine = [p for p in k.get("pods") or [] if p["pod"] == pod.metadata.name]
+        metrics = engine_metrics(pod.status.pod_ip)
+        return (mine and mine[0].get("started") and
+                (metrics[m.SCHEDULER_TOKEN_BUDGET], metrics[m.SCHEDULER_MAX_CHUNK], metrics[m.SCHEDULER_GENERATION])
+                == (k["tokenBudget"], k["maxChunk"], k["generation"]) and mine[0]["generation"] == k["generation"])
+    poll(runs_the_current_knobs, 30, "the restarted container running the knobs in status.knobs", stack.diagnose)
+    k = stack.k.status(NS, NAME)["knobs"]
+    (entry,) = [p for p in k["pods"] if p["pod"] == pod.metadata.name]
+    # acknowledged by the new container, not carried over from the old one
+    assert datetime.datetime.fromisoformat(entry["started"].replace("Z", "+00:00")) == started
+    assert started > status.state.running.started_at
+    stack.pod_uid = pod.metadata.uid  # the same pod: only its container restarted
 
 
 def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(stack):
