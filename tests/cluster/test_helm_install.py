@@ -371,6 +371,13 @@ def test_two_operator_replicas_one_acts_the_highest_priority(admin):
     want = {p: "acting" if p == leader else "paused" for p in found}
     poll(lambda: states() == want, 90, f"only {leader}, the highest priority of {found}, acting",
          lambda: f"{states()}\n{admin.diagnose()}", interval=2)
+    # the work kopf does not run itself (queued passes, resyncs, retries) asks the same object: open on the leader
+    # only (peering_gate.py; a gate starts closed and logs when it opens)
+    opened = f"peering: this replica (priority {found[leader]}) acts"
+    poll(lambda: opened in admin.cluster.pod_log(NS, leader, 10**7), 30, "the leader's work queue opening",
+         admin.diagnose, interval=2)
+    (standby,) = [p for p in found if p != leader]
+    assert "this replica" not in admin.cluster.pod_log(NS, standby, 10**7)
     user = f"system:serviceaccount:{NS}:{name}"
     refused = [e.get("objectRef") for e in admin.cluster.audit(user=user, since=mark)
                if e.get("responseStatus", {}).get("code") == 403]
