@@ -66,8 +66,9 @@ class Reconciler:
         self._applied_tokens: dict[tuple[str, str], str] = {}  # token this process applied to each object's Secret
         self._crd_cache: tuple[float, bool] | None = None
         self._crd_cache_seconds = crd_cache_seconds
-        self._warned_monitor: set[str] = set()
-        self._warned_hpa: set[str] = set()
+        # (namespace, name) -> the uid a Warning was posted for: once per object, forgotten with it
+        self._warned_monitor: dict[tuple[str, str], str] = {}
+        self._warned_hpa: dict[tuple[str, str], str] = {}
         self.autoscalers = AutoscalerCheck(kube)
         self._hpa_owned: dict[tuple[str, str], bool] = {}  # an HPA owned the Deployment's count at the last pass
 
@@ -79,8 +80,8 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: drop what this process remembered about it."""
-        self._hpa_owned.pop((namespace, name), None)
-        self._applied_tokens.pop((namespace, name), None)
+        for memory in (self._hpa_owned, self._applied_tokens, self._warned_monitor, self._warned_hpa):
+            memory.pop((namespace, name), None)
 
     # -- one pass ------------------------------------------------------------------------------------------
     def reconcile(self, raw: dict) -> Outcome:
@@ -201,8 +202,9 @@ class Reconciler:
         if not obj.spec.monitoring.service_monitor:
             return False
         present = self._monitor_crd_present()
-        if not present and obj.metadata["uid"] not in self._warned_monitor:
-            self._warned_monitor.add(obj.metadata["uid"])
+        key = (obj.metadata.get("namespace", "default"), obj.metadata["name"])
+        if not present and self._warned_monitor.get(key) != obj.metadata["uid"]:
+            self._warned_monitor[key] = obj.metadata["uid"]
             self.post_event(raw, "Warning",
                             "ServiceMonitorUnavailable", "spec.monitoring.serviceMonitor is true but the cluster has no "
                             "ServiceMonitor CRD (install the Prometheus Operator, or scrape the engine Service's "
@@ -265,8 +267,8 @@ class Reconciler:
         if not hpas:
             return want
         uid = raw["metadata"].get("uid", "")
-        if uid not in self._warned_hpa:
-            self._warned_hpa.add(uid)
+        if self._warned_hpa.get((m["namespace"], m["name"])) != uid:
+            self._warned_hpa[(m["namespace"], m["name"])] = uid
             self.post_event(raw, "Warning", "DeploymentAutoscaled",
                             f"HorizontalPodAutoscaler {', '.join(hpas)} targets Deployment {m['name']}: the operator "
                             f"leaves its replicas to it and spec.replicas is not applied. Point the HPA at the "
