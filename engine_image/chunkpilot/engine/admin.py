@@ -13,6 +13,7 @@ still write an older copy of the ConfigMap into the volume after a newer push, w
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import Callable
@@ -107,7 +108,9 @@ def build_admin_app(token_file: str | Path, holder: Callable[[], KnobHolder | No
             except ValueError as e:
                 raise bad_request(f"{e}; keeping {answer(h.get())}", None) from None
             log.info("applied pushed knobs %s", knobs)
-        on_push(knobs)
+        # off the event loop: stopping the file watcher joins its thread (up to one poll), and this loop serves
+        # the API's streams too
+        await asyncio.to_thread(on_push, knobs)
         return answer(h.get())
 
     return app
