@@ -85,6 +85,32 @@ def test_backend_choice_on_cpu():
         attention.choose_backend("varlen", cpu, torch.float32, 16)
 
 
+def test_a_cuda_device_is_always_indexed(monkeypatch):
+    """`--device cuda` (the chart's default on a GPU node) must name an index: torch.cuda.set_device refuses a bare
+    "cuda", and every engine start failed on the first real GPU run."""
+    from chunkpilot.engine.worker import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda") == torch.device("cuda", 0)
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("cuda", rank=1, world=2) == torch.device("cuda", 1)
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_cudnn_attention_is_switched_off_for_cuda_engines():
+    """cuDNN's SDPA cost 1-6 ms of CPU a call on an H200 (a plan per key length): the engine turns it off."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        attention.configure_cuda_sdpa()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 @pytest.mark.gpu
 def test_cuda_backends_agree(tiny):
     assert torch.cuda.is_available(), "the gpu tests need a CUDA device: run them with `pytest -m gpu` on a GPU machine"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from chunkpilot.engine.activation_memory import cuda_headroom, max_token_budget
-from chunkpilot.engine.attention import choose_backend
+from chunkpilot.engine.attention import choose_backend, configure_cuda_sdpa
 from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.kv_cache import KVCache, blocks_for_memory
 from chunkpilot.engine.model import LlamaModel
@@ -42,6 +42,8 @@ def resolve_device(name: str, rank: int = 0, world: int = 1) -> torch.device:
             raise ValueError(f"tensor_parallel_size {world} needs {world} GPUs but torch sees "
                              f"{torch.cuda.device_count()}: request {world} GPUs for the pod or lower it")
         return torch.device("cuda", rank)
+    if name == "cuda":  # the first visible GPU: torch.cuda.set_device and mem_get_info want an index (found on
+        return torch.device("cuda", 0)  # the first run on a real GPU, where "cuda" alone failed every start)
     return torch.device(name)
 
 
@@ -81,6 +83,7 @@ class Worker:
         self.device = resolve_device(config.device, group.rank, group.world)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            configure_cuda_sdpa()
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.max_model_len = resolve_max_model_len(config, model_config)
         self.shard = shard_of(model_config, group.rank, group.world)
