@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# bench/gpu_check.sh points this at bench/results/gpu so a GPU run sits beside the CPU figures, not over them
+RESULTS = Path(os.environ.get("CHUNKPILOT_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def model_dir() -> str:

@@ -4,7 +4,8 @@
 # Runs with the repository's .venv when there is one, else with the machine's python3: the device machine has
 # torch, transformers, safetensors and tokenizers and can install nothing, so the parts import from their folders
 # and what is missing there (pytest, matplotlib) is skipped with a line saying so.
-# Output goes to $OUT (the device tool's folder) or bench/results.
+# Output goes to $OUT (the device tool's folder; bench/results when unset): gpu_check.log and gpu_results.tgz, the
+# figures to unpack into bench/results/gpu.
 # Try it on a CPU: GPU_CHECK_DEVICE=cpu GPU_CHECK_DTYPE=float32 GPU_CHECK_MODEL=tiny bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,20 +20,35 @@ DEVICE=${GPU_CHECK_DEVICE:-cuda}
 DTYPE=${GPU_CHECK_DTYPE:-bfloat16}
 SIZE=${GPU_CHECK_MODEL:-llama3-8b}
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
-"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" 2>&1 | tee "$OUT/device.log"
+# figures go under bench/results/gpu (the results page shows them in their own section); the device tool returns
+# at most 8 files, so everything lands in one log and one archive, re-packed after each step so a run cut short by
+# its time limit still brings back what it finished
+export CHUNKPILOT_BENCH_RESULTS=${CHUNKPILOT_BENCH_RESULTS:-$PWD/bench/results/gpu}
+mkdir -p "$OUT" "$CHUNKPILOT_BENCH_RESULTS"
+LOG="$OUT/gpu_check.log"
+pack() { tar czf "$OUT/gpu_results.tgz" -C "$CHUNKPILOT_BENCH_RESULTS" . ; }
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" 2>&1 | tee "$LOG"
 export CHUNKPILOT_BENCH_MODEL=${CHUNKPILOT_BENCH_MODEL:-${TMPDIR:-/tmp}/chunkpilot-bench-$SIZE-$DTYPE}
 "$PY" bench/make_model.py --size "$SIZE" --device "$DEVICE" --dtype "$DTYPE" --out "$CHUNKPILOT_BENCH_MODEL" \
-    2>&1 | tee "$OUT/make_model.log"
+    2>&1 | tee -a "$LOG"
 # only the files that hold gpu tests: collecting the others needs packages the device's python may not have
 GPU_TESTS=$(grep -rl --include='test_*.py' "pytest.mark.gpu" tests)
 if "$PY" -c "import pytest" 2>/dev/null; then
-    "$PY" -m pytest -m gpu -q -p no:cacheprovider $GPU_TESTS 2>&1 | tee "$OUT/gpu_tests.log"
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider $GPU_TESTS 2>&1 | tee -a "$LOG" | tee "$CHUNKPILOT_BENCH_RESULTS/gpu_tests.log"
 else
-    echo "pytest is not installed for $PY: the gpu tests did not run" | tee "$OUT/gpu_tests.log"
+    echo "pytest is not installed for $PY: the gpu tests did not run" | tee -a "$LOG"
 fi
+pack
 for b in "chunk_overhead --tokens 8192 --chunk 512" "roofline --prefill-tokens 4096" \
          "stall --chat 32 --long 8 --long-tokens 4096 --budget 256,512" "vs_transformers --batch-sizes 8,16,32,64"; do
-    "$PY" bench/${b%% *}.py ${b#* } --device "$DEVICE" --dtype "$DTYPE" 2>&1 | tee -a "$OUT/bench.log"
+    "$PY" bench/${b%% *}.py ${b#* } --device "$DEVICE" --dtype "$DTYPE" 2>&1 | tee -a "$LOG"
+    pack
 done
-cp bench/results/*.json bench/results/*.png "$OUT"/ 2>/dev/null || true
+# where a decode step's time goes (torch.profiler), at batch 1 and 32: the first GPU run found cuDNN attention
+# taking most of it
+for batch in 1 32; do
+    "$PY" bench/gpu_profile.py --steps 8 --batch $batch --device "$DEVICE" --dtype "$DTYPE" \
+        > "$CHUNKPILOT_BENCH_RESULTS/profile_batch$batch.txt" 2>&1
+    head -2 "$CHUNKPILOT_BENCH_RESULTS/profile_batch$batch.txt" | tee -a "$LOG"
+done
+pack

@@ -298,20 +298,38 @@ def page(results: Path = RESULTS) -> str:
            "(this shared machine moves by about ±10 % between runs). `bash bench/run_all.sh` runs them all; "
            "`bench/gpu_check.sh` is the prepared GPU run.", ""]
     out += [f"- [{s.title}](#{anchor(s.title)})" for s in SECTIONS if (results / f"{s.name}.json").exists()]
+    gpu = [s for s in SECTIONS if (results / "gpu" / f"{s.name}.json").exists()]
+    if gpu:
+        out += [f"- [{GPU_TITLE}](#{anchor(GPU_TITLE)})"]
     for s in SECTIONS:
-        path = results / f"{s.name}.json"
-        if not path.exists():
-            continue
-        d = json.loads(path.read_text())
-        out += ["", f"## {s.title}", "", f"`{s.command}` → `bench/results/{s.name}.json`", "",
-                measured_on(d.get("conditions", {}))]
-        extra = settings(d.get("conditions", {}))
-        if extra:
-            out += ["", extra]
-        out += [""] + s.render(d)
-        if (results / f"{s.name}.png").exists():
-            out += ["", f"![{s.name}](../bench/results/{s.name}.png)"]
+        out += _section(s, results, "", "##", s.command)
+    if gpu:
+        out += ["", f"## {GPU_TITLE}", "", GPU_INTRO]
+        for s in gpu:
+            out += _section(s, results, "gpu/", "###", "bash bench/gpu_check.sh", " (GPU)")
     return "\n".join(out) + "\n"
+
+
+GPU_TITLE = "On a GPU"
+GPU_INTRO = ("`bench/gpu_check.sh` on the device machine: the same benchmarks on CUDA in bfloat16, on a random-weight "
+             "model at Llama-3-8B's size made there (`bench/make_model.py`; random weights cost what real ones "
+             "cost), with GPU-sized settings. Its figures land under `bench/results/gpu/`.")
+
+
+def _section(s: Section, results: Path, sub: str, level: str, command: str, suffix: str = "") -> list[str]:
+    path = results / sub / f"{s.name}.json"
+    if not path.exists():
+        return []
+    d = json.loads(path.read_text())
+    out = ["", f"{level} {s.title}{suffix}", "", f"`{command}` → `bench/results/{sub}{s.name}.json`", "",
+           measured_on(d.get("conditions", {}))]
+    extra = settings(d.get("conditions", {}))
+    if extra:
+        out += ["", extra]
+    out += [""] + s.render(d)
+    if (results / sub / f"{s.name}.png").exists():
+        out += ["", f"![{sub}{s.name}](../bench/results/{sub}{s.name}.png)"]
+    return out
 
 
 def headline(results: Path = RESULTS) -> str:
