@@ -197,8 +197,10 @@ def test_trials_told_by_an_older_tuner_are_scored_as_this_one_scores():
 
 def test_it_finds_the_feasible_region_and_then_holds_it():
     fake = Fake()
-    loop, study = make(fake)
-    outcomes = [loop.iterate() for _ in range(12)]
+    # black-box (the scripted system has no step-time model): Optuna alone, seeded, needs 10 trials to land in the
+    # feasible corner of this grid
+    loop, study = make(fake, max_trials=10)
+    outcomes = [loop.iterate() for _ in range(14)]
     assert "exploit" in outcomes and loop.state.phase == "Exploiting"
     best = study.best()
     assert best.feasible and feasible(window(best.knobs), SLO)
@@ -240,6 +242,7 @@ def test_a_slow_rollout_of_the_restored_knobs_after_a_cut_does_not_crash_the_loo
 def test_a_thin_window_is_not_a_trial():
     fake = Fake(requests=5)
     loop, study = make(fake)
+    study.enqueue(Knobs(128, 128), "seed")  # knobs within the SLOs: the probe does not cut them short
     assert loop.iterate() == "thin"
     assert study.completed() == [] and study.study.trials[-1].state.name == "FAIL"
 
@@ -390,15 +393,17 @@ def test_a_tuner_killed_mid_trial_resumes_with_the_same_memory_and_the_same_next
     predicted, which calibrate its predictions), and a trial left running is measured again rather than replaced
     by a new ask: the restarted tuner's next decision is the one the uninterrupted tuner made."""
     twin = Fake()
-    loop, _ = make(twin, storage=f"sqlite:///{tmp_path / 'twin.db'}")
-    for _ in range(6):
-        loop.iterate()
+    twin_loop, twin_study = make(twin, storage=f"sqlite:///{tmp_path / 'twin.db'}")
+    memories, twin_outcomes = [], []  # the twin's policy.Memory before each iteration, and what it did
+    for _ in range(7):  # as many as the killed tuner's 3 whole iterations and the restarted one's 4
+        memories.append(twin_loop.memory())
+        twin_outcomes.append(twin_loop.iterate())
 
     calls = {"n": 0}
     first = Fake()
     measure = first.measure
 
-    def dies_on_the_fifth_measure(seconds):  # probe and window per trial: dies inside the third trial's window
+    def dies_on_the_fifth_measure(seconds):  # a probe per trial, a window for those not cut: dies in the fourth
         calls["n"] += 1
         if calls["n"] == 5:
             raise Killed()
@@ -417,8 +422,20 @@ def test_a_tuner_killed_mid_trial_resumes_with_the_same_memory_and_the_same_next
     assert study2.closed_stale == 1
     assert [(h["kind"], h["token_budget"], h["max_chunk"]) for h in loop2.state.history] == \
         [(h["kind"], h["token_budget"], h["max_chunk"]) for h in before]
-    loop2.iterate()
+    assert loop2.memory() == memories[3]  # what the fourth decision depends on, rebuilt from the study
+    assert loop2.iterate() == twin_outcomes[3]
     # it measures the killed trial's knobs (already running: nothing to apply), the decision the twin made there
     assert again.applied_log in ([], [killed_at])
     assert loop2.state.history[-1]["token_budget"] == killed_at.token_budget
     assert killed_at == twin.applied_log[len(first.applied_log) - 1]
+    # and every decision after it is the twin's: the sampler's draws come from the stored trials, not from a random
+    # state that died with the process
+    for _ in range(3):
+        loop2.iterate()
+    resumed = first.applied_log + again.applied_log
+    n = min(len(resumed), len(twin.applied_log))
+    assert n >= len(first.applied_log) + 3 and resumed[:n] == twin.applied_log[:n]
+    # the killed trial counted once (measured again, the stale one closed as failed): the same trials as the twin's
+    def told(study):
+        return [(t.user_attrs["token_budget"], t.user_attrs["max_chunk"]) for t in study.completed()]
+    assert told(study2) == told(twin_study)

@@ -1,5 +1,7 @@
 """The tuning loop for one deployment, written against small interfaces (chunkpilot.tuner.interfaces) so that the
 same code runs against Prometheus and the cluster, Prometheus and a knobs file, or the simulator's virtual clock.
+What to do next is decided by chunkpilot.tuner.policy's pure functions over the loop's memory (`memory()`, all of
+it rebuilt from the study after a restart); this module carries the actions out.
 
 One `iterate()` is one unit of work:
 * Exploring: ask Optuna → apply → wait until every pod reports the generation → skip the warm-up → measure a
@@ -33,11 +35,12 @@ import time
 from dataclasses import dataclass
 
 from chunkpilot.kube.conditions import now_rfc3339
-from chunkpilot.tuner import autoscale, guide
+from chunkpilot.tuner import autoscale, guide, policy
 from chunkpilot.tuner.autoscale import ReplicaCoordinator, ScalingPolicy
 from chunkpilot.tuner.interfaces import Actuator, MeasurementUnavailable, Measurer, Publisher, Scaler
 from chunkpilot.tuner.predictor import predict
 from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
+from chunkpilot.tuner.policy import Outcome
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import ScalingState, TunerState
 from chunkpilot.tuner.study import TunerStudy
@@ -89,16 +92,17 @@ class TunerLoop:
         if settings.guidance not in GUIDANCE:
             raise ValueError(f"guidance must be one of {', '.join(GUIDANCE)}, got {settings.guidance!r}")
         self._backoff = settings.backoff_initial
-        self._breaches = 0
         # What the loop knows besides the trials comes back from the study after a restart: the windows measured
         # next to predicted (they calibrate every prediction), whether the baseline was measured, and how many
         # trials ran since the incumbent was last re-measured.
         self.state.history = study.memory()[-999:]
         epoch_kinds = [h.get("kind") for h in self.state.history if h.get("epoch") == study.epoch]
         self._baseline = "baseline" in epoch_kinds  # guided: the one window measured before any model could be fitted
-        told = [t.user_attrs.get("kind") for t in study.completed()]
-        last = max((i for i, k in enumerate(told) if k == "incumbent"), default=None)
-        self._since_incumbent = len(told) - (0 if last is None else last)
+        self._breaches = policy.trailing_breaches(self.state.history, study.epoch, slo, settings.min_requests)
+        # counted as the running loop counts: whole trials, not those cut short
+        told = [(t.user_attrs.get("kind"), bool(t.user_attrs.get("cut_short"))) for t in study.completed()]
+        last = max((i for i, (k, _) in enumerate(told) if k == "incumbent"), default=0)
+        self._since_incumbent = sum(1 for _, cut in told[last:] if not cut)
         # guided needs a measurer that can fit the model (Prometheus, the simulator); others run black-box
         self._guided = settings.guidance == "model" and hasattr(measurer, "context")
         if study.closed_stale:
@@ -112,24 +116,32 @@ class TunerLoop:
                                                self._clock, scaling_history)
 
     # -- public -----------------------------------------------------------------------------------------
-    def iterate(self) -> str:
+    def memory(self) -> policy.Memory:
+        """What the next decision depends on (policy.Memory), read from the study and the replicas now."""
+        return policy.Memory(mode=self.s.mode, settled=self.replicas is None or self.replicas.settled(),
+                             explored=self.study.explored(), max_trials=self.s.max_trials,
+                             since_incumbent=self._since_incumbent, incumbent_every=self.s.incumbent_every,
+                             has_best=self.study.best() is not None)
+
+    def iterate(self) -> Outcome:
         try:
             if self.replicas is not None:
                 self.replicas.guard(self.s.mode)  # a refusal and the bounds do not wait for measurements
             self.measurer.check()  # blind is no time to move knobs: check before starting anything
-            if self.replicas is not None and not self.replicas.settled():
+            action = policy.next_action(self.memory())
+            if isinstance(action, policy.Settle):
                 outcome = self._settle()
-            elif self.s.mode == "advisory":
+            elif isinstance(action, policy.Advise):
                 outcome = self._advise()
-            elif self.study.explored() < self.s.max_trials:
-                outcome = self._explore()
+            elif isinstance(action, policy.Explore):
+                outcome = self._explore(action)
             else:
                 outcome = self._exploit()
             self._backoff = self.s.backoff_initial
             self.state.healthy = True
-            if self.replicas is not None and outcome in ("trial", "cut", "exploit", "reopen", "advise"):
+            if self.replicas is not None and outcome.measured:
                 self._autoscale()
-            elif self.replicas is not None and outcome == "scaling" and self.replicas.waiting_for_pods:
+            elif self.replicas is not None and outcome == Outcome.SCALING and self.replicas.waiting_for_pods:
                 # pods not ready: decide from the ready ones, as an HPA does; a scale-down (which removes unready
                 # pods first) may go on, more pods wait for the deadline
                 self._autoscale(settling=True)
@@ -148,15 +160,15 @@ class TunerLoop:
             self.iterate()
 
     # -- phases -----------------------------------------------------------------------------------------
-    def _explore(self) -> str:
+    def _explore(self, action: policy.Explore) -> Outcome:
         self.state.phase = "Exploring"
         best = self.study.best()
-        if best is not None and self._since_incumbent >= self.s.incumbent_every:
+        if action.remeasure_incumbent:
             self.study.enqueue(best.knobs, "incumbent")
             self._since_incumbent = 0
         # an outage here holds (nothing moved yet), rather than asking blind
         context = self._context(self.s.window * self.s.lookback_windows, quiet=False) if self._guided else None
-        if context is None and self._guided and not self.study.completed() and not self._baseline:
+        if policy.needs_baseline(self._guided, context is not None, len(self.study.completed()), self._baseline):
             return self._measure_baseline()
         trial, knobs = self._ask(context)
         try:
@@ -184,7 +196,7 @@ class TunerLoop:
         except TimeoutError as e:
             self.study.fail(trial, str(e))
             self.state.reason = str(e)
-            return "timeout"
+            return Outcome.TIMEOUT
         if cut:
             # the trial is told: restoring the best knobs is outside it (a slow rollout must not fail a finished
             # trial; an outage here holds, as anywhere)
@@ -193,23 +205,23 @@ class TunerLoop:
                     self._apply(best.knobs)
                 except TimeoutError as e:
                     self.state.reason += f"; restoring the best knobs: {e}"
-            return "cut"
+            return Outcome.CUT
         if self.replicas is not None and self.replicas.moved():
             self.study.fail(trial, "the replicas changed during the window")
             self.state.reason = "the replicas changed during the window: not a trial result"
-            return "scaling"
+            return Outcome.SCALING
         if window.requests < self.s.min_requests:
             self.study.fail(trial, f"only {window.requests} requests in the window (< {self.s.min_requests})")
             self.state.reason = f"window too thin ({window.requests} requests): not a trial result"
             self._record(knobs, window, "thin")
-            return "thin"
+            return Outcome.THIN
         self.study.tell(trial, window)
         self._since_incumbent += 1
         self._record(knobs, window, "complete")
         self.state.reason = f"trial {self.study.explored()}/{self.s.max_trials} of epoch {self.study.epoch}"
-        return "trial"
+        return Outcome.TRIAL
 
-    def _measure_baseline(self) -> str:
+    def _measure_baseline(self) -> Outcome:
         """Guided, with nothing to fit yet (the tuner started with the load): one window at the knobs that run, so
         that the first trial is the predicted best rather than a guess. Recorded, not told as a trial."""
         knobs = self.actuator.current()
@@ -218,7 +230,7 @@ class TunerLoop:
         self._baseline = True  # after the measurement: an outage does not use it up
         self._record(knobs, window, "baseline")
         self.state.reason = "measuring the running knobs once: the step-time model needs steps to fit"
-        return "baseline"
+        return Outcome.BASELINE
 
     def _ask(self, context: guide.Context | None):
         """The next trial: Optuna's ask, screened by the step-time model when guided."""
@@ -252,6 +264,8 @@ class TunerLoop:
             more = [c.knobs for c in now_screen if c.safe and c.knobs not in measured]
             if more:
                 allowed.add(more[0])
+                if not self.study.waiting():  # tried next, not left to a draw that may land on the measured pick
+                    self.study.enqueue(more[0], "predicted")
         self.state.predicted_safe = len(allowed)
         if not allowed:
             # closest to keeping the SLOs at the load now (the headroom is for exploring, not for this)
@@ -292,7 +306,7 @@ class TunerLoop:
         by_knobs = {c.knobs: c for c in screened}
         for _ in range(MAX_REJECTED_ASKS):
             trial, knobs = self.study.ask()
-            if knobs in allowed or trial.user_attrs.get("kind") in ("incumbent", "predicted", "identify"):
+            if knobs in allowed or trial.user_attrs.get("kind") in ("incumbent", "predicted", "identify", "resumed"):
                 return trial, knobs
             c = by_knobs[knobs]
             self.study.reject(trial, c.candidate.constraints(self.slo), "measured infeasible" if knobs in measured else
@@ -337,19 +351,15 @@ class TunerLoop:
                                   h.get("prefill_capacity"))
                 for h in self.state.history if h["epoch"] == self.study.epoch and "predicted_itl" in h]
 
-    def _exploit(self) -> str:
+    def _exploit(self) -> Outcome:
         self.state.phase = "Exploiting"
         best = self.study.best()
-        if best is None:  # no trial completed at all (every window thin): nothing to hold yet
+        reopen = policy.before_exploit(best is not None, self._guided, best is not None and best.feasible,
+                                       self.s.max_trials)
+        if reopen is not None:
             self.study.new_epoch([])
-            self.state.reason = "no trial completed within max trials: exploring a new epoch"
-            return "reopen"
-        if self._guided and not best.feasible:
-            # nothing kept the SLOs: the least violating window was measured at some load of the epoch, not at
-            # this one; keep judging the closest knobs at the load now instead of holding it
-            self.study.new_epoch([])
-            self.state.reason = f"no feasible knobs after {self.s.max_trials} trials: judging again at the load now"
-            return "reopen"
+            self.state.reason = reopen.why
+            return Outcome.REOPEN
         if self._guided:  # holding measured-feasible knobs: nothing says NoFeasibleKnobs any more
             self.state.feasible, self.state.replicas_needed, self.state.feasible_reason = True, None, ""
         if self.actuator.current() != best.knobs:
@@ -357,28 +367,27 @@ class TunerLoop:
                 self._apply(best.knobs)
             except TimeoutError as e:
                 self.state.reason = str(e)
-                return "timeout"
+                return Outcome.TIMEOUT
             self.measurer.wait(self.s.warmup)
         self.measurer.wait(self.s.window)
         window = self.measurer.measure(self.s.window)
         self._record(best.knobs, window, "exploit")
         if window.requests < self.s.min_requests:
             self.state.reason = "holding the best knobs (window too thin to judge)"
-            return "exploit"
-        self._breaches = 0 if slo_met(window, self.slo) else self._breaches + 1
-        shift = load_shift(load_of(best.window), load_of(window))
-        if self._breaches >= self.s.drift_breach_windows or shift > self.s.drift_load_shift:
-            why = (f"SLO breached in {self._breaches} consecutive windows" if self._breaches >= self.s.drift_breach_windows
-                   else f"load moved by {shift:.0%} since the best knobs were measured")
+            return Outcome.EXPLOIT
+        verdict = policy.after_exploit(best.window, window, self.slo, self._breaches,
+                                       breach_windows=self.s.drift_breach_windows, shift_limit=self.s.drift_load_shift)
+        if isinstance(verdict, policy.Reopen):
             # guided, the new epoch starts from the predicted best at the new load; black-box, from the incumbent
             self.study.new_epoch([] if self._guided else [best.knobs])
             self._breaches = 0
-            self.state.reason = f"{why}: exploring again (epoch {self.study.epoch})"
-            return "reopen"
+            self.state.reason = f"{verdict.why}: exploring again (epoch {self.study.epoch})"
+            return Outcome.REOPEN
+        self._breaches = verdict.breaches
         self.state.reason = f"holding the best knobs {best.knobs.token_budget}/{best.knobs.max_chunk}"
-        return "exploit"
+        return Outcome.EXPLOIT
 
-    def _advise(self) -> str:
+    def _advise(self) -> Outcome:
         self.state.phase = "Advisory"
         self.state.feasible, self.state.replicas_needed = None, None  # advisory changes nothing, screens nothing
         knobs = self.actuator.current()
@@ -391,15 +400,15 @@ class TunerLoop:
         window = self.measurer.measure(self.s.window)
         if window.requests < self.s.min_requests:
             self.study.fail(trial, "thin window")
-            return "thin"
+            return Outcome.THIN
         self.study.tell(trial, window)
         self._record(knobs, window, "observed")
         best = self.study.best()
         self.state.recommendation = best.knobs if best else None
         self.state.reason = "advisory: recommending the best feasible knobs measured so far; nothing is changed"
-        return "advise"
+        return Outcome.ADVISE
 
-    def _hold(self, why: str) -> str:
+    def _hold(self, why: str) -> Outcome:
         self.state.phase = "Holding"
         self.state.healthy = False
         self.state.reason = f"{why}; keeping the current knobs, retrying in {self._backoff:.0f}s"
@@ -409,14 +418,14 @@ class TunerLoop:
         except MeasurementUnavailable:
             pass
         self._backoff = min(self._backoff * 2, self.s.backoff_max)
-        return "hold"
+        return Outcome.HOLD
 
     # -- replicas (chunkpilot.tuner.autoscale.ReplicaCoordinator) --------------------------------------------
-    def _settle(self) -> str:
+    def _settle(self) -> Outcome:
         self.state.phase = "Scaling"
         self.state.reason = self.replicas.settling()
         self.measurer.wait(self.s.window)
-        return "scaling"
+        return Outcome.SCALING
 
     def _autoscale(self, settling: bool = False) -> None:
         """After a measured window: the replicas the load needs at the best knobs. Knobs first: while exploring,

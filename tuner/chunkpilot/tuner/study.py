@@ -12,6 +12,7 @@ constraints, epochs, resume.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -121,9 +122,19 @@ class TunerStudy:
         return max(epochs, default=0)
 
     def _open(self, epoch: int) -> optuna.Study:
-        seed = None if self.seed is None else self.seed + epoch
         return optuna.create_study(study_name=self._name(epoch), storage=self.storage, direction="maximize",
-                                   sampler=make_sampler(seed, self.startup_trials), load_if_exists=True)
+                                   sampler=make_sampler(self._ask_seed(epoch, 0), self.startup_trials),
+                                   load_if_exists=True)
+
+    def _ask_seed(self, epoch: int, trials: int) -> int:
+        """The sampler's seed for the ask after `trials` trials of `epoch`. A sampler's random state lives in the
+        process: a tuner restarted mid-epoch would draw other asks than the one that kept running. Seeding every
+        ask from what the storage holds makes the next ask a function of the study alone, so the restarted tuner
+        decides as the uninterrupted one would have. Without a configured seed, the deployment's name seeds it
+        (reproducible, and different deployments still explore differently)."""
+        base = self.seed if self.seed is not None else self.deployment
+        digest = hashlib.sha256(f"{base}#{epoch}#{trials}".encode()).digest()
+        return int.from_bytes(digest[:4], "big")
 
     def new_epoch(self, seed_knobs: list[Knobs]) -> None:
         self._earlier_completed += len(self.completed())
@@ -139,9 +150,10 @@ class TunerStudy:
         stale = [t for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
         for t in stale:
             self.study.tell(t.number, state=TrialState.FAIL)
-            attrs = t.user_attrs
-            if "token_budget" in attrs and "max_chunk" in attrs:
-                self.enqueue(Knobs(attrs["token_budget"], attrs["max_chunk"]), attrs.get("kind", "resumed"))
+            if t.params:  # its very parameters, not the knobs' indices: a clamped ask (chunk over budget) has
+                # other indices than its knobs map back to, and the sampler learns from the parameters
+                self.study.enqueue_trial(dict(t.params), user_attrs={"kind": t.user_attrs.get("kind", "resumed")},
+                                         skip_if_exists=False)
             log.warning("trial %d of %s was left running by an earlier tuner: closed, and its knobs measured again",
                         t.number, self.study.study_name)
         return len(stale)
@@ -168,6 +180,11 @@ class TunerStudy:
                                  skip_if_exists=False)
 
     def ask(self) -> tuple[optuna.Trial, Knobs]:
+        # a fresh sampler (TPE keeps nothing else between asks) seeded from the stored trials: see _ask_seed
+        # (counted over told trials only: a trial a killed tuner left running is closed as failed on restart and
+        # must not shift the draws)
+        told = len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        self.study.sampler = make_sampler(self._ask_seed(self.epoch, told), self.startup_trials)
         trial = self.study.ask()
         knobs = self.space.knobs(trial.suggest_int("budget_index", 0, len(self.space.budgets) - 1),
                                  trial.suggest_int("chunk_index", 0, len(self.space.chunks) - 1))

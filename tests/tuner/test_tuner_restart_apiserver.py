@@ -1,0 +1,135 @@
+"""The cluster tuner (`daemon.tune_one`, as the chart's tuner ServiceAccount) killed mid-trial on the real
+kube-apiserver and started again: it makes the decisions the uninterrupted tuner made, writes no knobs nobody
+decided and counts no trial twice.
+
+What is real: the API server and its status subresource, the tuner's code path from reading the resource to
+writing `status.scheduler` and waiting on `status.knobs`, the study on SQLite. What the test plays: the operator
+and one ready pod (each "wait" delivers the desired knobs, `api.types.desired_knobs`, and acknowledges them in
+`status.knobs`, as the operator does after a push) and Prometheus (a window computed from the acknowledged knobs,
+tests/tuner/test_tuner_core.window). A "kill" is a BaseException raised inside the measurement, which the tuner's
+retry (`except Exception`) does not catch: the thread dies with its trial left RUNNING in the study, as under
+SIGKILL."""
+
+from __future__ import annotations
+
+import threading
+
+import kopf
+import kubernetes
+import pytest
+
+from chunkpilot.api.types import InferenceDeployment, KnobsStatus, PodKnobs, desired_knobs
+from chunkpilot.kube.client import Kube
+from chunkpilot.tuner import daemon
+from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.study import TunerStudy
+
+from ..operator.operator_proc import Cluster, sample
+from .test_tuner_core import Killed, window
+
+NS = "tuner-restart"
+
+
+class OperatorAndPods:
+    """The measurer the tuner gets: time passing (the operator delivers and the pod acknowledges) and windows of
+    the knobs the pod runs. `die_at`: the measurement that kills the tuner; `stop_after`: the one after which the
+    tuner is asked to stop (it ends its iteration)."""
+
+    def __init__(self, admin: Cluster, name: str, stopped: threading.Event, *, die_at: int | None = None,
+                 stop_after: int | None = None, delivered: list | None = None) -> None:
+        self.admin, self.name, self.stopped = admin, name, stopped
+        self.die_at, self.stop_after = die_at, stop_after
+        self.delivered = [] if delivered is None else delivered  # (budget, chunk, generation) in delivery order
+        self.measures = 0
+
+    def _resource(self) -> dict:
+        return self.admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS,
+                                                              "inferencedeployments", self.name)
+
+    def _running(self) -> Knobs:
+        return KnobsStatus.model_validate(self._resource()["status"]["knobs"]).scheduler_knobs.knobs
+
+    def check(self) -> None:
+        pass
+
+    def wait(self, seconds: float) -> None:
+        raw = self._resource()
+        want, source = desired_knobs(InferenceDeployment.model_validate(raw))
+        have = (raw.get("status") or {}).get("knobs")
+        if have and KnobsStatus.model_validate(have).scheduler_knobs == want:
+            return
+        self.delivered.append((want.token_budget, want.max_chunk, want.generation))
+        ack = KnobsStatus(token_budget=want.token_budget, max_chunk=want.max_chunk, generation=want.generation,
+                          source=source, applied_replicas=1,
+                          pods=[PodKnobs(pod=f"{self.name}-0", token_budget=want.token_budget,
+                                         max_chunk=want.max_chunk, generation=want.generation)])
+        self.admin.patch(self.name, {"status": {"knobs": ack.model_dump(by_alias=True, exclude_none=True),
+                                                "readyReplicas": 1}}, NS, status=True)
+
+    def measure(self, seconds: float):
+        self.measures += 1
+        if self.measures == self.die_at:
+            raise Killed()
+        if self.measures == self.stop_after:
+            self.stopped.set()
+        return window(self._running(), seconds=seconds)
+
+
+@pytest.fixture(scope="module")
+def admin(control_plane, chart_accounts):
+    k = Cluster(control_plane.api())
+    k.namespace(NS)
+    yield k
+    assert k.delete_namespace(NS)
+
+
+def tuner_kube(chart_accounts) -> Kube:
+    return Kube(kubernetes.config.new_client_from_config(config_file=str(chart_accounts["tuner"])))
+
+
+def run_tuner(chart_accounts, admin, name, storage, monkeypatch, **measurer) -> OperatorAndPods:
+    """One tuner process's life for `name`: until the measurer stops it (returns) or kills it (Killed)."""
+    raw = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", name)
+    stopped = threading.Event()
+    pods = OperatorAndPods(admin, name, stopped, **measurer)
+    monkeypatch.setattr(daemon, "PrometheusSource", lambda url, selector: None)
+    monkeypatch.setattr(daemon, "PrometheusMeasurer", lambda source, slo, sleep: pods)
+    monkeypatch.setattr(daemon, "poster", lambda raw: (lambda type_, reason, message: None))
+    # a fixed seed for both resources: without one each deployment's name seeds its sampler (study._ask_seed)
+    memo = kopf.Memo(kube=tuner_kube(chart_accounts), metrics=None,
+                     cluster=daemon.ClusterConfig(prometheus_url="http://prometheus.invalid", storage=storage, seed=3))
+    daemon.tune_one(NS, name, raw["metadata"]["uid"], memo, stopped)
+    return pods
+
+
+def told(storage: str, name: str, admin) -> list[tuple[int, int]]:
+    """The trials the study holds as measured, in order."""
+    raw = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", name)
+    config = daemon.tuning_config(NS, name, raw["spec"], daemon.ClusterConfig(prometheus_url="x", storage=storage))
+    study = TunerStudy(storage, config.deployment, config.space(), config.slo, config.settings.objective, seed=3)
+    return [(t.user_attrs["token_budget"], t.user_attrs["max_chunk"]) for t in study.completed()]
+
+
+def test_a_tuner_killed_mid_trial_on_the_api_server_decides_as_the_uninterrupted_one(
+        admin, chart_accounts, tmp_path, monkeypatch):
+    for name in ("twin", "killed"):
+        admin.create(sample(name, NS, tuning__maxTrials=12))
+    twin_db, killed_db = f"sqlite:///{tmp_path / 'twin.db'}", f"sqlite:///{tmp_path / 'killed.db'}"
+
+    twin = run_tuner(chart_accounts, admin, "twin", twin_db, monkeypatch, stop_after=12)
+    delivered: list = []  # what reached the killed tuner's pod, over both of its processes
+    with pytest.raises(Killed):
+        run_tuner(chart_accounts, admin, "killed", killed_db, monkeypatch, die_at=6, delivered=delivered)
+    at_kill = len(delivered)
+    # a new process: the pod still runs what the killed one last wrote, and the study holds its running trial
+    resumed = run_tuner(chart_accounts, admin, "killed", killed_db, monkeypatch, stop_after=6, delivered=delivered)
+    assert resumed.measures >= 6
+
+    # the same knobs under the same generations: nothing delivered twice (the trial left running is measured
+    # again at the knobs the pod runs, not written anew), nothing that the uninterrupted tuner did not decide
+    n = min(len(delivered), len(twin.delivered))
+    assert n >= at_kill + 2 and delivered[:n] == twin.delivered[:n], (twin.delivered, delivered)
+    # the trials: the one killed counted once, then the twin's
+    twin_told, killed_told = told(twin_db, "twin", admin), told(killed_db, "killed", admin)
+    n = min(len(twin_told), len(killed_told))
+    assert n >= 5 and killed_told[:n] == twin_told[:n], (twin_told, killed_told)
