@@ -276,6 +276,27 @@ def test_health_fails_after_a_failed_load_so_the_pod_restarts(tmp_path):
         assert client.get("/ready").status_code == 503
 
 
+def test_a_model_that_fails_to_load_ends_the_engine_process_with_the_error_last(smollm2_dir, tmp_path):
+    """In a pod (--exit-on-load-failure, set by the operator) a truncated weights file ends the process with
+    status 1 at once, the error as the last log line (the container's termination message), instead of the
+    start-up probe failing for up to its whole timeout."""
+    import shutil
+
+    from .server_proc import EngineServer
+
+    bad = tmp_path / "truncated"
+    shutil.copytree(smollm2_dir, bad)
+    weights = sorted(bad.glob("*.safetensors"))[0]
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])  # a copy cut off a third of the way
+    server = EngineServer(str(bad), tmp_path, "--exit-on-load-failure", "--log-level", "info")  # uvicorn's lines too
+    try:
+        assert server.proc.wait(timeout=120) == 1, server.log()
+        last = server.log().strip().splitlines()[-1]
+        assert "model failed to load from" in last and str(bad) in last and "exiting" in last, server.log()
+    finally:
+        server.stop()
+
+
 def test_drain_covers_requests_still_being_tokenized_and_refuses_them_after_the_grace(tmp_path):
     """A request admitted before SIGTERM but still in the tokenizer gets the grace period too; one that comes
     out of it after the grace period is refused (503), not submitted where nobody would abort it."""

@@ -100,6 +100,7 @@ def serve(
     stream_write_timeout: float = typer.Option(30.0, envvar=_env("STREAM_WRITE_TIMEOUT"), help="Seconds a stream may wait on a client that reads nothing before it is aborted and its slot freed."),
     stall_timeout: float = typer.Option(120.0, envvar=_env("STALL_TIMEOUT"), help="/health fails (the pod restarts) when one engine step has run this long."),
     prompt_tokens_details: bool = typer.Option(True, "--enable-prompt-tokens-details/--disable-prompt-tokens-details", envvar=_env("PROMPT_TOKENS_DETAILS"), help="Report usage.prompt_tokens_details.cached_tokens. The count tells a caller which prompt prefixes are cached: with one shared key, hide it or give each tenant its own key."),
+    exit_on_load_failure: bool = typer.Option(False, envvar=_env("EXIT_ON_LOAD_FAILURE"), help="Exit with status 1 when the model fails to load, the error as the last log line (in a pod: restarted and reported at once); by default the server stays up and says why on /ready."),
     seed: int = typer.Option(0, envvar=_env("SEED"), help="Seed for requests without their own."),
     log_level: str = typer.Option("info", envvar=_env("LOG_LEVEL"), help="debug | info | warning | error."),
 ) -> None:
@@ -133,7 +134,7 @@ def serve(
             admin_port=admin_port, admin_token_file=str(admin_token_file) if admin_token_file else None,
             max_waiting=max_waiting, grace_period=grace_period, max_request_bytes=max_request_bytes,
             stream_write_timeout=stream_write_timeout, stall_timeout=stall_timeout,
-            prompt_tokens_details=prompt_tokens_details,
+            prompt_tokens_details=prompt_tokens_details, exit_on_load_failure=exit_on_load_failure,
         )
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)

@@ -58,6 +58,11 @@ class ServerSettings:
     stream_write_timeout: float = 30.0  # a stream whose client reads nothing for this long is aborted
     stall_timeout: float = 120.0  # /health fails when the step loop has not come round for this long
     prompt_tokens_details: bool = True  # `usage.prompt_tokens_details.cached_tokens` in responses
+    # In a pod: a model that fails to load ends the process (status 1) with the error as its last log line, so
+    # the kubelet restarts it at once and reports it (the operator sets terminationMessagePolicy
+    # FallbackToLogsOnError and shows it in the resource's conditions), instead of the start-up probe failing
+    # for its whole timeout. Locally the server stays up and says why on /ready and /health.
+    exit_on_load_failure: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -85,6 +90,7 @@ class ServerState:
         self.load_error: str | None = None
         self.watcher: KnobsFileWatcher | None = None
         self.started = time.time()
+        self.on_fatal = None  # set by serve(): stops the server (exit_on_load_failure)
 
     def load(self) -> None:
         from chunkpilot.engine.llm_engine import LLMEngine
@@ -108,6 +114,8 @@ class ServerState:
         except Exception as e:  # a bad model folder must not kill /health: report it on /ready
             log.exception("model load failed")
             self.load_error = f"{type(e).__name__}: {e}"
+            if self.settings.exit_on_load_failure and self.on_fatal is not None:
+                self.on_fatal()
 
     def knob_holder(self):
         return self.engine.engine.knobs if self.engine is not None else None
@@ -405,4 +413,10 @@ def serve(settings: ServerSettings, host: str = "0.0.0.0", port: int = 8000, log
     # uvicorn's own graceful wait comes after our drain; it only lets the last writes go out.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=int(FLUSH_SECONDS), access_log=False)
-    DrainingServer(config).run()
+    server = DrainingServer(config)
+    state.on_fatal = lambda: setattr(server, "should_exit", True)  # uvicorn polls it; the loader thread sets it
+    server.run()
+    if settings.exit_on_load_failure and state.load_error:
+        # after uvicorn's shutdown lines: the log's last line, which the pod's termination message ends with
+        log.error("model failed to load from %s: %s; exiting", settings.engine.model, state.load_error)
+        raise SystemExit(1)
