@@ -181,6 +181,7 @@ def _hub_download(obj: InferenceDeployment, settings: OperatorSettings) -> tuple
         "env": env,
         "volumeMounts": [{"name": "model", "mountPath": MODELS_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": _container_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # a failed download says why in the pod status
     }
     return dest, [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], [init]
 
@@ -219,6 +220,8 @@ def engine_env(obj: InferenceDeployment, model_path: str,
         "CHUNKPILOT_GPU_MEMORY_UTILIZATION": str(spec.engine.gpu_memory_utilization),
         "CHUNKPILOT_ENABLE_PREFIX_CACHING": "true" if spec.engine.prefix_caching else "false",
         "CHUNKPILOT_TENSOR_PARALLEL_SIZE": str(spec.engine.effective_tensor_parallel_size),
+        # a model that cannot load ends the container with its error as the termination message (pod_trouble.py)
+        "CHUNKPILOT_EXIT_ON_LOAD_FAILURE": "true",
     }
     if spec.model.max_model_len:
         env["CHUNKPILOT_MAX_MODEL_LEN"] = str(spec.model.max_model_len)
@@ -265,6 +268,8 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
                                   {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
                                   {"name": "cache", "mountPath": CACHE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": _container_security(),
+        # an empty termination-log file: the kubelet takes the log's tail, which ends with the error
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     extra_volumes = []
     if spec.engine.effective_tensor_parallel_size > 1:

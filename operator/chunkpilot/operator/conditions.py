@@ -49,7 +49,8 @@ def deployment_conditions(deploy: dict | None, desired_replicas: int, generation
     elif ready >= desired_replicas:
         ready_c = _cond("Ready", True, "AllReplicasReady", f"{ready}/{desired_replicas} engine pods ready", generation)
     else:
-        ready_c = _cond("Ready", False, "ReplicasNotReady", f"{ready}/{desired_replicas} engine pods ready",
+        why = f": {problem.message}" if problem is not None and problem.reason == "EngineFailing" else ""
+        ready_c = _cond("Ready", False, "ReplicasNotReady", f"{ready}/{desired_replicas} engine pods ready{why}",
                         generation)
 
     rolling = deploy is not None and (int(ds.get("observedGeneration") or 0) < dgen or updated < desired_replicas

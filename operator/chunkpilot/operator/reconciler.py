@@ -19,6 +19,7 @@ from chunkpilot.api.types import (InferenceDeployment, InferenceDeploymentSpec, 
                                   KnobsStatus, desired_knobs)
 from chunkpilot.operator import builders
 from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, ready_pods
+from chunkpilot.operator.pod_trouble import engine_trouble, starting
 from chunkpilot.contract.knobs import parse_knobs
 from chunkpilot.kube.autoscalers import AutoscalerCheck
 from chunkpilot.kube.client import Kube
@@ -118,16 +119,21 @@ class Reconciler:
             deploy_live = self._read_quietly("apps/v1", "Deployment", ns, name)
 
         status = raw.get("status") or {}
-        knobs = None
-        if obj is not None and out.problem is None and deploy_live is not None:
-            knobs, out.retry = self._deliver_knobs(obj)
+        knobs, trouble = None, None
         spec = raw.get("spec") or {}
         replicas = obj.spec.replicas if obj is not None else int(spec.get("replicas") or 0)
         if deploy_live is not None and self._hpa_owned.get((ns, name)):  # the HPA owns the count
             replicas = int((deploy_live.get("spec") or {}).get("replicas") or 0)
+        if obj is not None and out.problem is None and deploy_live is not None:
+            knobs, push_failed, trouble, waiting = self._deliver_knobs(obj)
+            # pods loading or crashing change no Deployment field we watch: pass again (1 s doubling to 30 s)
+            # while they do, so the conditions follow the containers within half a minute
+            out.retry = push_failed or waiting
+        # the spec's problems first: the engine's failure may only be their consequence
+        problem = out.problem or (Problem("EngineFailing", trouble) if trouble else None)
         patch = status_patch(status, deploy=deploy_live, desired_replicas=replicas, generation=meta.get("generation"),
                              selector=",".join(f"{k}={v}" for k, v in builders.selector_labels(name).items()),
-                             knobs=knobs, problem=out.problem, now=now_rfc3339())
+                             knobs=knobs, problem=problem, now=now_rfc3339())
         if patch is not None:
             try:
                 self.kube.patch_status(ns, name, patch, meta.get("resourceVersion"))
@@ -137,7 +143,7 @@ class Reconciler:
                     log.debug("status of %s/%s is stale; the next pass writes it", ns, name)
                 elif e.status != 404:  # 404: deleted meanwhile, nothing to report on
                     log.warning("status of %s/%s not written: %s", ns, name, _api_message(e, "writing status"))
-        self._post_problem(raw, status, out.problem)
+        self._post_problem(raw, status, problem)
         return out
 
     # -- knobs delivery (knobs_delivery.py) ---------------------------------------------------------------
@@ -158,22 +164,23 @@ class Reconciler:
         self._applied_tokens[key] = token
         out.changes.append(f"apply {describe(secret)}")
 
-    def _deliver_knobs(self, obj: InferenceDeployment) -> tuple[KnobsStatus | None, bool]:
-        """Push the desired knobs to the ready pods that have not acknowledged them. Returns status.knobs and
-        whether to pass again (a push failed: the queue retries after 1 s, doubling to 30 s)."""
+    def _deliver_knobs(self, obj: InferenceDeployment) -> tuple[KnobsStatus | None, bool, str | None, bool]:
+        """Push the desired knobs to the ready pods that have not acknowledged them. Returns status.knobs, whether
+        a push failed (the queue retries after 1 s, doubling to 30 s) and, from the same list of pods, why any of
+        them fails to come up and whether any runs containers not ready yet (pod_trouble)."""
         ns, name = obj.metadata.get("namespace", "default"), obj.metadata["name"]
         knobs, source = desired_knobs(obj)
         try:
-            pods = ready_pods(self.kube.list_pods(ns, builders.selector_labels(name)))
+            listed = self.kube.list_pods(ns, builders.selector_labels(name))
         except ApiException as e:
             log.warning("cannot list the pods of %s/%s: %s", ns, name, _api_message(e, "listing pods"))
-            return obj.status.knobs, True
-        status, failures = deliver(obj.status.knobs, knobs, source, pods,
+            return obj.status.knobs, True, None, False
+        status, failures = deliver(obj.status.knobs, knobs, source, ready_pods(listed),
                                    self.pusher.for_token(builders.admin_token(obj, self.settings)))
         if failures:
             log.info("knobs generation %d not yet pushed to %s/%s: %s (the pods also read the ConfigMap)",
                      knobs.generation, ns, name, "; ".join(failures))
-        return status, bool(failures)
+        return status, bool(failures), engine_trouble(listed), starting(listed)
 
     def _parse(self, raw: dict) -> InferenceDeployment:
         spec = InferenceDeploymentSpec.model_validate(raw.get("spec") or {})

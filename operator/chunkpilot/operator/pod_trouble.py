@@ -1,0 +1,79 @@
+"""Why engine pods do not come up, read from their container statuses: a pure function, pods in, one line out.
+
+An SRE looking at `kubectl get infd` should not have to go through pods to learn that the engine cannot load its
+model or its image cannot be pulled; the operator puts the container's own reason (and the engine's termination
+message: it writes the load error to /dev/termination-log before it exits) into the Ready and Degraded
+conditions and a Warning Event."""
+
+from __future__ import annotations
+
+import re
+
+# Waiting reasons that mean the container will not start by waiting longer (kubelet's own words).
+FAILING = ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
+           "CreateContainerError", "RunContainerError")
+MAX_MESSAGE = 600  # of the termination message, in the condition (the Event and the pod keep the rest)
+# A log line's leading time stamp: dropped, so that the message (and so the condition and the Event) stays the
+# same from one crash to the next instead of being news at every restart
+_STAMP = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*")
+
+
+def _tail(message: str) -> str:
+    """The last line of a termination message (with FallbackToLogsOnError, the log's tail, where the error comes
+    last: the engine's "model failed to load ...; exiting", a traceback's exception line), without its time stamp,
+    at most MAX_MESSAGE characters. `kubectl describe pod` shows the rest."""
+    lines = [_STAMP.sub("", ln.strip()) for ln in message.strip().splitlines() if ln.strip()]
+    return lines[-1][:MAX_MESSAGE] if lines else ""
+
+
+def _one(pod: str, status: dict, kind: str) -> str | None:
+    """The trouble of one container status, or None."""
+    name = status.get("name", "?")
+    waiting = (status.get("state") or {}).get("waiting") or {}
+    last = (status.get("lastState") or {}).get("terminated") or {}
+    failed_before = bool(last) and (last.get("exitCode") or 0) != 0
+    if waiting.get("reason") not in FAILING and not (failed_before and not status.get("ready")):
+        return None
+    what = f"pod {pod}: {kind}container {name} " + (waiting.get("reason") or "restarting")
+    if waiting.get("message") and waiting.get("reason") != "CrashLoopBackOff":  # the back-off text says nothing
+        what += f" ({waiting['message'].strip()[:MAX_MESSAGE]})"
+    if last:
+        said = _tail(last.get("message") or "") or last.get("reason") or ""
+        what += f"; last exit {last.get('exitCode', '?')}" + (f": {said}" if said else "")
+    return what
+
+
+def _live(pods: list[dict]) -> list[dict]:
+    """Pods not being deleted (their containers stop on purpose), by name."""
+    return sorted((p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")),
+                  key=lambda p: (p.get("metadata") or {}).get("name", ""))
+
+
+def engine_trouble(pods: list[dict]) -> str | None:
+    """Why an engine pod does not come up: the first failing container (init containers first: the model
+    download), else a pod the scheduler cannot place; None when nothing is wrong that waiting would not fix."""
+    for p in _live(pods):
+        meta, st = p.get("metadata") or {}, p.get("status") or {}
+        for kind, key in (("init ", "initContainerStatuses"), ("", "containerStatuses")):
+            for cs in st.get(key) or []:
+                found = _one(meta.get("name", "?"), cs, kind)
+                if found:
+                    return found
+    for p in _live(pods):
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                return f"pod {p['metadata'].get('name', '?')}: Unschedulable ({(c.get('message') or '').strip()})"
+    return None
+
+
+def starting(pods: list[dict]) -> bool:
+    """Some pod runs containers that are not ready yet (loading, or failing): their state changes no field of
+    the Deployment the operator watches, so the operator looks again until they are ready. Pods that wait for
+    a node have no containers yet and do not count: the Deployment's status moves when they start."""
+    for p in _live(pods):
+        st = p.get("status") or {}
+        statuses = (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
+        if statuses and not all(cs.get("ready") or ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
+                                == 0 for cs in statuses):
+            return True
+    return False

@@ -1,0 +1,80 @@
+"""Why engine pods do not come up, in the resource's own status (chunkpilot.operator.pod_trouble): pod statuses
+as the kubelet and the scheduler write them."""
+
+from __future__ import annotations
+
+from chunkpilot.operator.conditions import Problem, deployment_conditions
+from chunkpilot.operator.pod_trouble import engine_trouble, starting
+
+
+def pod(name: str, *, containers=(), inits=(), conditions=(), deleting=False) -> dict:
+    meta = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-04T00:00:00Z"
+    return {"metadata": meta, "status": {"containerStatuses": list(containers), "initContainerStatuses": list(inits),
+                                         "conditions": list(conditions)}}
+
+
+def crash_looping(message: str, code: int = 1, restarts: int = 3) -> dict:
+    return {"name": "engine", "ready": False, "restartCount": restarts,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+            "lastState": {"terminated": {"exitCode": code, "reason": "Error", "message": message}}}
+
+
+RUNNING = {"name": "engine", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": "x"}}}
+LOADING = {"name": "engine", "ready": False, "restartCount": 0, "state": {"running": {"startedAt": "x"}}}
+
+
+def test_a_crash_loop_names_the_container_and_the_end_of_its_log():
+    log = "\n".join(["INFO loading"] * 50 + ["Traceback (most recent call last):", "  ...",
+                                           "2026-12-04 12:00:01,123 ERROR chunkpilot.engine.server: model failed to "
+                                           "load from /models/m: SafetensorError: Error while deserializing header: "
+                                           "incomplete metadata; exiting"])
+    said = engine_trouble([pod("m-1", containers=[RUNNING]), pod("m-0", containers=[crash_looping(log)])])
+    assert said.startswith("pod m-0: container engine CrashLoopBackOff; last exit 1: ")
+    assert said.endswith("incomplete metadata; exiting")  # the error, not the top of the log
+    # the same words at every crash (no time stamp, no restart count): one Event, not one per restart
+    assert "2026-12-04" not in said and "ERROR chunkpilot.engine.server: model failed" in said
+    assert "back-off" not in said and len(said) < 800
+
+
+def test_image_pulls_init_containers_and_unschedulable_pods_are_named():
+    pull = {"name": "engine", "ready": False, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:1"'}}}
+    assert engine_trouble([pod("a", containers=[pull])]) == \
+        'pod a: container engine ImagePullBackOff (Back-off pulling image "x:1")'
+    download = {**crash_looping("HubDownloadError: 401 Unauthorized: set HF_TOKEN"), "name": "model-download"}
+    said = engine_trouble([pod("a", inits=[download], containers=[LOADING])])
+    assert said.startswith("pod a: init container model-download CrashLoopBackOff; last exit 1: HubDownloadError")
+    unplaced = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}
+    assert engine_trouble([pod("a", conditions=[unplaced])]) == \
+        "pod a: Unschedulable (0/1 nodes are available: 1 Insufficient nvidia.com/gpu.)"
+
+
+def test_nothing_is_wrong_while_pods_load_or_serve_or_stop():
+    assert engine_trouble([]) is None
+    assert engine_trouble([pod("a", containers=[RUNNING]), pod("b", containers=[LOADING])]) is None
+    # a pod being deleted stops its containers on purpose
+    assert engine_trouble([pod("a", containers=[crash_looping("killed")], deleting=True)]) is None
+    # restarted once, now running and ready: recovered
+    recovered = {**crash_looping("x"), "ready": True, "state": {"running": {"startedAt": "y"}}}
+    assert engine_trouble([pod("a", containers=[recovered])]) is None
+
+
+def test_the_operator_looks_again_while_containers_start():
+    assert starting([pod("a", containers=[LOADING])])
+    assert starting([pod("a", containers=[crash_looping("x")])])
+    done = {"name": "model-download", "ready": False, "state": {"terminated": {"exitCode": 0}}}
+    assert not starting([pod("a", inits=[done], containers=[RUNNING])])
+    assert not starting([pod("a")])  # waiting for a node: the Deployment's status moves when it starts
+    assert not starting([pod("a", containers=[LOADING], deleting=True)])
+
+
+def test_the_ready_and_degraded_conditions_carry_the_engines_failure():
+    deploy = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1}}
+    problem = Problem("EngineFailing", "pod m-0: container engine CrashLoopBackOff; last exit 1: boom")
+    ready, _, degraded = deployment_conditions(deploy, 1, 1, problem)
+    assert (ready.status, ready.reason) == ("False", "ReplicasNotReady")
+    assert ready.message == "0/1 engine pods ready: pod m-0: container engine CrashLoopBackOff; last exit 1: boom"
+    assert (degraded.status, degraded.reason, degraded.message) == ("True", "EngineFailing", problem.message)
