@@ -1,6 +1,7 @@
-"""The cluster tuner (`daemon.tune_one`, as the chart's tuner ServiceAccount) killed mid-trial on the real
-kube-apiserver and started again: it makes the decisions the uninterrupted tuner made, writes no knobs nobody
-decided and counts no trial twice.
+"""The cluster tuner (`daemon.tune_one`, as the chart's tuner ServiceAccount) on the real kube-apiserver, under
+faults: killed mid-trial and started again, it makes the decisions the uninterrupted tuner made, writes no knobs
+nobody decided and counts no trial twice; with its study storage read-only, it says so in the Tuning condition and
+an Event, moves nothing and goes on when the storage works again.
 
 What is real: the API server and its status subresource, the tuner's code path from reading the resource to
 writing `status.scheduler` and waiting on `status.knobs`, the study on SQLite. What the test plays: the operator
@@ -13,6 +14,7 @@ SIGKILL."""
 from __future__ import annotations
 
 import threading
+import time
 
 import kopf
 import kubernetes
@@ -25,6 +27,7 @@ from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import TunerStudy
 
 from ..operator.operator_proc import Cluster, sample
+from ..engine.server_proc import wait_for
 from .test_tuner_core import Killed, window
 
 NS = "tuner-restart"
@@ -87,14 +90,19 @@ def tuner_kube(chart_accounts) -> Kube:
     return Kube(kubernetes.config.new_client_from_config(config_file=str(chart_accounts["tuner"])))
 
 
-def run_tuner(chart_accounts, admin, name, storage, monkeypatch, **measurer) -> OperatorAndPods:
-    """One tuner process's life for `name`: until the measurer stops it (returns) or kills it (Killed)."""
+def run_tuner(chart_accounts, admin, name, storage, monkeypatch, *, stopped=None, events=None,
+              **measurer) -> OperatorAndPods:
+    """One tuner process's life for `name`: until the measurer stops it (returns) or kills it (Killed), or
+    `stopped` is set. Events the tuner posts are appended to `events` as (type, reason, message)."""
     raw = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", name)
-    stopped = threading.Event()
+    stopped = stopped or threading.Event()
     pods = OperatorAndPods(admin, name, stopped, **measurer)
+    events = [] if events is None else events
     monkeypatch.setattr(daemon, "PrometheusSource", lambda url, selector: None)
     monkeypatch.setattr(daemon, "PrometheusMeasurer", lambda source, slo, sleep: pods)
-    monkeypatch.setattr(daemon, "poster", lambda raw: (lambda type_, reason, message: None))
+    monkeypatch.setattr(daemon, "poster", lambda raw: (lambda type_, reason, message: events.append(
+        (type_, reason, message))))
+    monkeypatch.setattr(daemon, "ERROR_BACKOFF_INITIAL", 0.2)
     # a fixed seed for both resources: without one each deployment's name seeds its sampler (study._ask_seed)
     memo = kopf.Memo(kube=tuner_kube(chart_accounts), metrics=None,
                      cluster=daemon.ClusterConfig(prometheus_url="http://prometheus.invalid", storage=storage, seed=3))
@@ -133,3 +141,38 @@ def test_a_tuner_killed_mid_trial_on_the_api_server_decides_as_the_uninterrupted
     twin_told, killed_told = told(twin_db, "twin", admin), told(killed_db, "killed", admin)
     n = min(len(twin_told), len(killed_told))
     assert n >= 5 and killed_told[:n] == twin_told[:n], (twin_told, killed_told)
+
+
+def test_a_read_only_study_storage_is_named_in_the_status_and_nothing_moves(admin, chart_accounts, tmp_path,
+                                                                           monkeypatch):
+    """The study's SQLite file on a volume that went read-only (SQLite's own refusal: the file opened with
+    mode=ro, as a read-only mount makes every write fail): the study opens, its first write fails, and the tuner
+    reports Tuning=False (StudyStorageUnavailable) and a Warning Event once, keeps the knobs and retries."""
+    name = "readonly"
+    admin.create(sample(name, NS, tuning__maxTrials=12))
+    db = tmp_path / "study.db"
+    run_tuner(chart_accounts, admin, name, f"sqlite:///{db}", monkeypatch, stop_after=3)  # a study with trials
+    before = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments",
+                                                       name)["status"]["scheduler"]
+    stopped, events = threading.Event(), []
+    tuner = threading.Thread(target=run_tuner, args=(chart_accounts, admin, name,
+                                                     f"sqlite:///file:{db}?mode=ro&uri=true", monkeypatch),
+                             kwargs={"stopped": stopped, "events": events}, daemon=True)
+    tuner.start()
+    try:
+        def reported():
+            st = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments",
+                                                           name)["status"]
+            tuning = next((c for c in st.get("conditions") or [] if c["type"] == "Tuning"), {})
+            return tuning.get("reason") == "StudyStorageUnavailable" and (st, tuning)
+        assert wait_for(reported, 30, poll=0.2)
+        st, tuning = reported()
+        assert tuning["status"] == "False" and "readonly database" in tuning["message"]
+        assert "check the tuner's volume" in tuning["message"]
+        assert st["scheduler"] == before  # nothing moved
+        time.sleep(1)  # several retries: said once while it lasts
+        assert [r for _, r, _ in events].count("StudyStorageUnavailable") == 1, events
+    finally:
+        stopped.set()
+        tuner.join(30)
+    assert not tuner.is_alive()

@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass
 
 import kopf
+import optuna
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
@@ -307,6 +308,32 @@ def poster(raw: dict):
     return post
 
 
+def iteration_failure(e: Exception, retry_in: float) -> tuple[str, str]:
+    """The Tuning condition's reason and message for an iteration that raised."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if isinstance(e, ApiException):
+        return "KubernetesAPIError", f"the Kubernetes API answered {e.status} {e.reason}; retrying in {retry_in:g} s"
+    if isinstance(e, (SQLAlchemyError, optuna.exceptions.StorageInternalError)):
+        root = e  # Optuna wraps the database's words ("attempt to write a readonly database") in a generic error
+        while root.__cause__ is not None or root.__context__ is not None:
+            root = root.__cause__ or root.__context__
+        said = (str(root).strip().splitlines() or [""])[0][:300]
+        return "StudyStorageUnavailable", (
+            f"the study storage failed ({type(root).__name__}: {said}); the knobs stay, no trial is recorded, "
+            f"retrying in {retry_in:g} s: check the tuner's volume (full, read-only) or database (tuner.storage)")
+    return "IterationFailed", f"{type(e).__name__}: {str(e)[:400]}; the knobs stay, retrying in {retry_in:g} s"
+
+
+def report_failure(writer: StatusWriter, raw: dict, reason: str, message: str) -> None:
+    """Tuning=False and a Warning Event naming the failure; best effort (the API may be what fails)."""
+    try:
+        writer.write(tuner_conditions=[Condition(type="Tuning", status="False", reason=reason, message=message)])
+        poster(raw)("Warning", reason, message)
+    except Exception as e:  # noqa: BLE001 - the report must never be what stops the loop
+        log.warning("tuning %s/%s: the failure could not be reported (%r)", writer.namespace, writer.name, e)
+
+
 def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: threading.Event) -> None:
     """One resource's tuning: rebuild the loop when the tuning spec changes, iterate until stopped or gone. Pinned
     to the resource's uid: a new resource of the same name gets a fresh thread, study state and generation.
@@ -327,7 +354,7 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
     history = histories.setdefault(uid, [])
     autoscalers = memo.setdefault("autoscalers", AutoscalerCheck(kube))
     may_act = memo.get("gate") or (lambda: True)
-    backoff = ERROR_BACKOFF_INITIAL
+    backoff, failing = ERROR_BACKOFF_INITIAL, None
     while not stopped.is_set():
         if not may_act():  # another tuner replica acts (kopf peering): stand by, write nothing
             sleep(5)
@@ -344,27 +371,32 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
                                                      message=str(e)[:1024])])
             sleep(60)
             continue
-        if config != built_for:
-            start, generation = start_knobs(raw)
-            source = PrometheusSource(cluster.prometheus_url, selector)
-            loop = build_loop(config, StatusActuator(writer, start, generation),
-                              PrometheusMeasurer(source, config.slo, sleep=sleep),
-                              StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)),
-                              scaler=StatusScaler(kube, namespace, name, autoscalers),
-                              scaling_history=history)
-            built_for = config
-            # an SRE reading the log after a restart or a reinstall sees whether the study (on its volume or
-            # database) came back, or whether the tuner starts from nothing
-            done = loop.study.total_completed()
-            log.info("tuning %s/%s: study %s, mode %s, %s", namespace, name, config.deployment, config.settings.mode,
-                     f"resumed with {done} completed trials" if done else "no completed trials yet")
         try:
+            if config != built_for:
+                start, generation = start_knobs(raw)
+                source = PrometheusSource(cluster.prometheus_url, selector)
+                loop = build_loop(config, StatusActuator(writer, start, generation),
+                                  PrometheusMeasurer(source, config.slo, sleep=sleep),
+                                  StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)),
+                                  scaler=StatusScaler(kube, namespace, name, autoscalers),
+                                  scaling_history=history)
+                built_for = config
+                # an SRE reading the log after a restart or a reinstall sees whether the study (on its volume or
+                # database) came back, or whether the tuner starts from nothing
+                done = loop.study.total_completed()
+                log.info("tuning %s/%s: study %s, mode %s, %s", namespace, name, config.deployment,
+                         config.settings.mode, f"resumed with {done} completed trials" if done else
+                         "no completed trials yet")
             loop.iterate()
-            backoff = ERROR_BACKOFF_INITIAL
+            backoff, failing = ERROR_BACKOFF_INITIAL, None
         except Exception as e:  # noqa: BLE001 - one failed call is not a reason to lose the loop (above)
             what = f"Kubernetes API {e.status} {e.reason}" if isinstance(e, ApiException) else repr(e)
             log.warning("tuning %s/%s: an iteration failed (%s); the same loop goes on in %.0f s", namespace, name,
                         what, backoff, exc_info=not isinstance(e, ApiException))
+            reason, message = iteration_failure(e, backoff)
+            if reason != failing:  # said once while it lasts; the next good iteration's report replaces it
+                report_failure(writer, raw, reason, message)
+                failing = reason
             sleep(backoff)
             backoff = min(backoff * 2, ERROR_BACKOFF_MAX)
 
