@@ -236,7 +236,12 @@ def local_cluster(d: dict) -> list[str]:
         "write_to_engine_s": "tuner's knobs in status → engine applied (the operator's push)",
         "write_to_ack_s": "tuner's knobs in status → every pod's acknowledgement in status.knobs",
         "configmap_to_engine_s": "ConfigMap → engine applied (the kubelet's volume sync; runs before the push)",
-        "delete_to_pod_gone_s": "delete → pod gone (preStop, drain)"},
+        "delete_to_pod_gone_s": "delete → pod gone (preStop, drain)",
+        "container_kill_to_current_knobs_s": "engine container killed → restarted, running the current knobs",
+        "configmap_invalid_json_to_put_back_s": "knobs ConfigMap edited by hand to invalid JSON → put back by the operator (the pod keeps the decided knobs)",
+        "configmap_out_of_bounds_to_put_back_s": "… to knobs outside the engine's bounds → the same",
+        "configmap_undecided_to_put_back_s": "… to valid knobs nobody decided → the same",
+        "broken_model_to_status_s": "apply of a truncated model → its load error in Ready, Degraded and an Event"},
         "runs passed every check of `tests/cluster/test_real_pods.py` (apply, tune, delete), each on a fresh "
         "cluster. Each phase is timed by polling every 0.05 s, each read stamped at its midpoint, so a phase shorter "
         "than one poll cycle (the push: a few API calls and one HTTP request) reads as under 0.15 s. Before the push (issue 36) a knob change waited for the kubelet's periodic pod sync "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import threading
 import time
 import urllib.request
@@ -137,6 +138,15 @@ class Stack:
         return "\n".join(parts)
 
 
+def truncated_copy(model_dir: str, dest: str) -> str:
+    """The model folder copied with its (first) weights file cut off a third of the way: it fails to load."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(model_dir, dest)
+    weights = sorted(Path(dest).glob("*.safetensors"))[0]
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    return dest
+
+
 @pytest.fixture(scope="module")
 def stack(local_cluster, k8s_prometheus, tmp_path_factory):
     import kubernetes
@@ -152,8 +162,11 @@ def stack(local_cluster, k8s_prometheus, tmp_path_factory):
     s = Stack(local_cluster, k, work)
     s.prom = prom
     s.model_dir = model_dir
+    # beside it (the engine's user can reach it there), a copy whose weights file is cut off: a model that fails to
+    # load, for test_a_model_that_fails_to_load_is_named_in_the_status
+    s.broken_model_dir = truncated_copy(model_dir, model_dir + "-truncated")
     op = operator(accounts["operator"], work, "--engine-image", local_cluster.engine_image,
-                  "--allowed-host-path", model_dir)
+                  "--allowed-host-path", model_dir, "--allowed-host-path", s.broken_model_dir)
     tn = tuner(accounts["tuner"], work, "--min-requests", "3", "--apply-timeout", "30", prometheus_url=prom.url)
     s.procs = [op, tn]
     try:
@@ -170,6 +183,7 @@ def stack(local_cluster, k8s_prometheus, tmp_path_factory):
         for p in s.procs:
             p.stop()
         prom.stop()
+        shutil.rmtree(s.broken_model_dir, ignore_errors=True)
         try:
             k.delete_namespace(NS, timeout=90)
         except kubernetes.client.ApiException:
@@ -369,6 +383,7 @@ def test_a_restarted_engine_container_runs_the_current_knobs(stack):
         p = stack.pod()
         c = p.status.container_statuses[0]
         return c.restart_count >= 1 and c.ready and p
+    t0 = time.monotonic()
     pod = poll(restarted, 180, "the engine container restarted and ready", stack.diagnose)
     started = pod.status.container_statuses[0].state.running.started_at
 
@@ -380,12 +395,48 @@ def test_a_restarted_engine_container_runs_the_current_knobs(stack):
                 (metrics[m.SCHEDULER_TOKEN_BUDGET], metrics[m.SCHEDULER_MAX_CHUNK], metrics[m.SCHEDULER_GENERATION])
                 == (k["tokenBudget"], k["maxChunk"], k["generation"]) and mine[0]["generation"] == k["generation"])
     poll(runs_the_current_knobs, 30, "the restarted container running the knobs in status.knobs", stack.diagnose)
+    TIMINGS["container_kill_to_current_knobs_s"] = time.monotonic() - t0
     k = stack.k.status(NS, NAME)["knobs"]
     (entry,) = [p for p in k["pods"] if p["pod"] == pod.metadata.name]
     # acknowledged by the new container, not carried over from the old one
     assert datetime.datetime.fromisoformat(entry["started"].replace("Z", "+00:00")) == started
     assert started > status.state.running.started_at
     stack.pod_uid = pod.metadata.uid  # the same pod: only its container restarted
+
+
+CONFIGMAP_EDITS = {
+    "invalid_json": "{not json",  # a broken file
+    "out_of_bounds": json.dumps({"token_budget": 10**7, "max_chunk": 10**7, "generation": 10**6}),  # engine refuses
+    "undecided": json.dumps({"token_budget": 64, "max_chunk": 32, "generation": 10**6}),  # valid, nobody decided it
+}
+
+
+@pytest.mark.parametrize("kind", list(CONFIGMAP_EDITS))
+def test_a_hand_edited_knobs_configmap_is_put_right_and_the_pod_keeps_the_decided_knobs(stack, kind):
+    """Someone edits the knobs ConfigMap by hand: the operator's next pass (the tuner's status writes bring one
+    every window; the resync every 5 minutes) finds the live data differing from its own and puts it back, before
+    the kubelet's volume sync (about a minute) could hand the edit to a container that restarts; the running
+    engine took its knobs by push and never read the edit. No new generation: nothing was decided. (Had a
+    container restarted from the edited file, a bad one keeps the start-up knobs and a valid one runs until the
+    operator, seeing the new container, pushes the decided knobs: test_a_restarted_engine_container_runs_the_
+    current_knobs and the engine's knobs-file tests.)"""
+    edit = CONFIGMAP_EDITS[kind]
+    decided = stack.k.status(NS, NAME)["knobs"]
+    want = (decided["tokenBudget"], decided["maxChunk"], decided["generation"])
+    t0 = time.monotonic()
+    stack.k.core.patch_namespaced_config_map(f"{NAME}-knobs", NS, {"data": {"knobs.json": edit}})
+
+    def put_back():
+        cm = stack.k.knobs(NS, NAME) if stack.k.get("configmaps", NS, f"{NAME}-knobs")["data"]["knobs.json"] \
+            != edit else {}
+        return (cm.get("token_budget"), cm.get("max_chunk"), cm.get("generation")) == want
+    poll(put_back, 330, "the operator putting the ConfigMap back", stack.diagnose, interval=0.2)
+    TIMINGS[f"configmap_{kind}_to_put_back_s"] = time.monotonic() - t0
+    print(f"\nknobs ConfigMap edited ({kind}) -> put back {TIMINGS[f'configmap_{kind}_to_put_back_s']:.1f} s")
+    metrics = engine_metrics(stack.pod().status.pod_ip)
+    assert (metrics[m.SCHEDULER_TOKEN_BUDGET], metrics[m.SCHEDULER_MAX_CHUNK], metrics[m.SCHEDULER_GENERATION]) \
+        == want
+    assert stack.k.status(NS, NAME)["knobs"]["generation"] == want[2]  # no new generation: nothing was decided
 
 
 def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(stack):
@@ -433,3 +484,37 @@ def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(st
     assert outcome["short"] == "length", outcome
     assert str(outcome["long"]).startswith("error event:") and "shutting down" in str(outcome["long"]), outcome
     assert TIMINGS["delete_to_pod_gone_s"] < TERMINATION_GRACE_SECONDS + 10
+
+
+def test_a_model_that_fails_to_load_is_named_in_the_status(stack):
+    """A model whose weights file is truncated: the engine exits with the error as its last log line, the kubelet
+    keeps it as the container's termination message (FallbackToLogsOnError), and the operator puts it into the
+    Ready and Degraded conditions and a Warning Event, within about a minute of the apply (before, the status said
+    "0/1 engine pods ready" for the start-up probe's 900 s)."""
+    name = "broken"
+    body = sample(name, NS, replicas=1, engine__resources={"gpus": 0}, engine__maxNumSeqs=8,
+                  model__source=f"hostpath://{stack.broken_model_dir}", model__servedName=name,
+                  tuning={"mode": "off"}, monitoring={"serviceMonitor": False})
+    t0 = time.monotonic()
+    stack.k.create(body)
+    try:
+        def named():
+            ready, degraded = stack.k.cond(NS, name, "Ready"), stack.k.cond(NS, name, "Degraded")
+            return (degraded.get("reason") == "EngineFailing" and "model failed to load" in ready.get("message", "")
+                    and (ready, degraded))
+        ready, degraded = poll(named, 240, "the load failure named in the status",
+                               lambda: f"{stack.k.status(NS, name)}\n{stack.k.events(NS, name)}\n"
+                                       f"{stack.cluster.log('kubelet', 2000)}")
+        TIMINGS["broken_model_to_status_s"] = time.monotonic() - t0
+        print(f"\napply of a truncated model -> its error in the status {TIMINGS['broken_model_to_status_s']:.0f} s: "
+              f"{ready['message']}")
+        assert ready["status"] == "False" and ready["message"].startswith("0/1 engine pods ready: pod broken-")
+        # the engine's own last line: the folder as the container sees it (the host path is mounted at /models)
+        assert ready["message"].endswith("model failed to load from /models: SafetensorError: Error while "
+                                         "deserializing header: incomplete metadata, file not fully covered; exiting")
+        assert "container engine" in ready["message"] and "last exit 1" in ready["message"]
+        assert degraded["status"] == "True" and degraded["message"] in ready["message"]
+        assert any(t == "Warning" and r == "EngineFailing" and "model failed to load" in m
+                   for t, r, m in stack.k.events(NS, name)), stack.k.events(NS, name)
+    finally:
+        stack.k.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
