@@ -1,9 +1,9 @@
 """Why engine pods do not come up, read from their container statuses: a pure function, pods in, one line out.
 
 An SRE looking at `kubectl get infd` should not have to go through pods to learn that the engine cannot load its
-model or its image cannot be pulled; the operator puts the container's own reason (and the engine's termination
-message: it writes the load error to /dev/termination-log before it exits) into the Ready and Degraded
-conditions and a Warning Event."""
+model or its image cannot be pulled; the operator puts the container's own reason and the last line of its
+termination message (with terminationMessagePolicy FallbackToLogsOnError, the log's tail; the engine's last line
+is its load error) into the Ready and Degraded conditions and a Warning Event."""
 
 from __future__ import annotations
 
