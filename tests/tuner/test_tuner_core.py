@@ -439,3 +439,13 @@ def test_a_tuner_killed_mid_trial_resumes_with_the_same_memory_and_the_same_next
     def told(study):
         return [(t.user_attrs["token_budget"], t.user_attrs["max_chunk"]) for t in study.completed()]
     assert told(study2) == told(twin_study)
+
+
+def test_after_a_failed_trial_the_next_ask_is_a_new_draw():
+    """The per-ask seed counts failed trials too (but not one a killed tuner left running): a thin window or an
+    acknowledgement timeout is followed by another draw, not the same knobs asked again forever."""
+    fake = Fake(requests=2)  # every window thin (and too thin for the probe to cut)
+    loop, study = make(fake)
+    assert [loop.iterate() for _ in range(3)] == ["thin"] * 3
+    asked = [(t.user_attrs["token_budget"], t.user_attrs["max_chunk"]) for t in study.study.trials]
+    assert len(set(asked)) == 3, asked

@@ -148,6 +148,9 @@ class TunerStudy:
         """Trials an earlier tuner left running (it was killed mid-window) are failed, and their knobs queued again:
         the next ask returns them, so a restarted tuner measures what it was measuring instead of deciding anew."""
         stale = [t for t in self.study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+        if stale:  # noted, so that ask() does not count them: the uninterrupted tuner never had these failures
+            self.study.set_user_attr("closed_stale", sorted(set(self.study.user_attrs.get("closed_stale", []))
+                                                            | {t.number for t in stale}))
         for t in stale:
             self.study.tell(t.number, state=TrialState.FAIL)
             if t.params:  # its very parameters, not the knobs' indices: a clamped ask (chunk over budget) has
@@ -181,9 +184,11 @@ class TunerStudy:
 
     def ask(self) -> tuple[optuna.Trial, Knobs]:
         # a fresh sampler (TPE keeps nothing else between asks) seeded from the stored trials: see _ask_seed
-        # (counted over told trials only: a trial a killed tuner left running is closed as failed on restart and
-        # must not shift the draws)
-        told = len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        # (counted over finished trials, failed ones too, so that a thin window or a timeout is followed by another
+        # draw; but not the trial a killed tuner left running, closed as failed on restart: it must not shift them)
+        closed = set(self.study.user_attrs.get("closed_stale", []))
+        told = sum(1 for t in self.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)) if t.number not in closed)
         self.study.sampler = make_sampler(self._ask_seed(self.epoch, told), self.startup_trials)
         trial = self.study.ask()
         knobs = self.space.knobs(trial.suggest_int("budget_index", 0, len(self.space.budgets) - 1),
