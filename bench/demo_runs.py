@@ -39,7 +39,8 @@ def summarize(folder: Path) -> dict:
                       "terms": sizing.get("terms")},
             "checks": checks, "busy_contention": doc.get("busy_contention"), "placement": doc.get("placement"),
             "tuner_windows": len(windows), "tuner_windows_over_slo": over,
-            "hindsight": {k: h.get(k) for k in ("best", "attainment", "goodput")} if h else None}
+            "hindsight": {k: h.get(k) for k in ("best", "attainment", "goodput")} if h else None,
+            "shortfall": doc.get("shortfall")}
 
 
 def agreement(runs: list[dict]) -> dict:

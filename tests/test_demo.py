@@ -42,6 +42,9 @@ def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
     # of that simulation against the group that really ran the start-up knobs
     h = doc["hindsight"]
     assert h["best"] and 0 <= h["attainment"] <= 1 and "attainment" in h["error"], h
+    # what the tuned group missed, by the knobs it ran: every tuned request counted once
+    assert sum(r["requests"] for r in doc["shortfall"]) == doc["summary"]["tuned"]["requests"], doc["shortfall"]
+    assert "where the tuned group missed" in out
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     # the probe's fit with an interval per coefficient, and the measured check on both groups
     sizing = doc["sizing"]
@@ -121,3 +124,20 @@ def test_report_labels_the_time_axis_and_shows_predicted_itl_and_ttft(tmp_path):
     for windows, what in ((fig.axes[3], "ITL"), (fig.axes[4], "TTFT")):
         assert windows.get_xlabel() == "tuner window" and what in windows.get_ylabel()
         assert len(windows.collections) == 2  # measured and predicted
+
+
+def test_the_shortfall_names_the_knobs_that_ran_when_requests_missed():
+    """Issue 36: where the tuned group trails the best fixed knobs in hindsight, the report says which decision
+    cost it: the requests that missed, by the knobs the engine ran when they arrived."""
+    from chunkpilot.demo import report
+
+    budget = [(0.0, 160.0), (5.0, 160.0), (10.0, 96.0), (15.0, 96.0)]
+    chunk = [(0.0, 160.0), (5.0, 160.0), (10.0, 96.0), (15.0, 96.0)]
+    arrivals = [(-0.1, True), (1.0, False), (6.0, False), (9.9, True), (10.0, True), (12.0, False), (30.0, True)]
+    rows = report.shortfall_by_knobs(arrivals, budget, chunk)
+    assert rows == [{"knobs": [160, 160], "requests": 4, "missed": 2}, {"knobs": [96, 96], "requests": 3, "missed": 1}]
+    line = report.shortfall_line(rows, {"best": [96, 96], "attainment": 1.0, "requests": 7})
+    assert line == ("where the tuned group missed: 3 of 7 requests; 2 of 4 at 160/160, 1 of 3 at 96/96 (the best in "
+                    "hindsight); the best fixed knobs in hindsight missed 0 in their simulation")
+    none_missed = report.shortfall_line([{"knobs": [96, 96], "requests": 3, "missed": 0}], None)
+    assert none_missed.endswith("no request missed an SLO")

@@ -1,11 +1,10 @@
 """The tuner's per-resource threads: started for tuned resources, stopped on deletion or tuning off, restarted
-after a failure."""
+after a failure by the next event; failures are retried in one place, inside tune_one (retry.py)."""
 
 from __future__ import annotations
 
 import threading
 
-from chunkpilot.tuner import supervisor as sup
 from chunkpilot.tuner.supervisor import Supervisor
 
 from ..engine.server_proc import wait_for
@@ -18,8 +17,7 @@ def obj(name: str, mode: str = "auto", deleting: bool = False, uid: str | None =
     return {"metadata": meta, "spec": {"tuning": {"mode": mode}}}
 
 
-def test_threads_follow_the_resources(monkeypatch):
-    monkeypatch.setattr(sup, "RETRY_SECONDS", 0.05)
+def test_threads_follow_the_resources():
     calls: dict[str, int] = {}
     live: dict[str, int] = {}  # threads inside tune_one now, by name: proves that stopped threads really ended
     uids: list[str] = []
@@ -47,6 +45,10 @@ def test_threads_follow_the_resources(monkeypatch):
     s.observe(None, obj("off", mode="off"))
     s.observe("MODIFIED", obj("a"))  # no second thread for the same resource
     s.observe("ADDED", obj("flaky"))
+    # tune_one retries its own failures (retry.py): what escapes it ends the thread, logged, and does not stop
+    # the others; the next event for the resource starts a fresh one
+    assert wait_for(lambda: calls.get("flaky") == 1 and s.running() == {("ns", "a")}, 5)
+    s.observe("MODIFIED", obj("flaky"))
     assert wait_for(lambda: inside() == {"a", "flaky"} and calls.get("flaky") == 2, 5)
     assert calls["a"] == 1 and "off" not in calls
     s.observe("MODIFIED", obj("a", mode="off"))
@@ -94,7 +96,7 @@ def test_a_failed_iteration_keeps_the_loop_and_its_scaling_history(monkeypatch):
                 raise ApiException(status=404, reason="Not Found")
             stopped.set()
 
-    def build_loop(config, actuator, measurer, publisher, scaler=None, scaling_history=None):
+    def build_loop(config, actuator, measurer, publisher, scaler=None, scaling_history=None, backoff=None):
         built.append(scaling_history)
         return Loop()
 
@@ -113,3 +115,48 @@ def test_a_failed_iteration_keeps_the_loop_and_its_scaling_history(monkeypatch):
     iterations.clear()
     daemon.tune_one("team", "llm", "u-1", memo, stopped)  # the thread restarted (or the spec changed)
     assert built[1] is built[0] and built[1] == [(0.0, 3)]
+
+
+def test_tune_one_retries_a_failed_read_itself_with_the_loops_backoff(monkeypatch):
+    """The one retry layer: reading the resource used to sit outside tune_one's retry, so an API server outage
+    escaped to the supervisor's second layer, which built a new loop. Now the read fails inside the same retry,
+    the loop is built once and gets the same Backoff, and the pauses double across the failures."""
+    import kopf
+    from kubernetes.client.exceptions import ApiException
+
+    from chunkpilot.tuner import daemon
+
+    from ..operator.operator_proc import sample
+
+    raw = sample("llm", "team")
+    raw["metadata"]["uid"] = "u-1"
+    stopped = threading.Event()
+    built, reads, pauses = [], [], []
+
+    class Loop:
+        class study:
+            total_completed = staticmethod(lambda: 0)
+
+        def iterate(self):
+            stopped.set()
+
+    def build_loop(config, actuator, measurer, publisher, scaler=None, scaling_history=None, backoff=None):
+        built.append(backoff)
+        return Loop()
+
+    class Kube:
+        def read_inference_deployment(self, namespace, name):
+            reads.append(1)
+            if len(reads) <= 3:
+                raise ApiException(status=503, reason="Service Unavailable")
+            return raw
+
+    monkeypatch.setattr(daemon, "build_loop", build_loop)
+    monkeypatch.setattr(daemon, "ERROR_BACKOFF_INITIAL", 0.01)
+    monkeypatch.setattr(daemon, "report_failure", lambda writer, raw, reason, message: pauses.append(message))
+    memo = kopf.Memo(kube=Kube(), cluster=daemon.ClusterConfig(prometheus_url="http://x", storage=":memory:"),
+                     metrics=None)
+    daemon.tune_one("team", "llm", "u-1", memo, stopped)  # returns: nothing escaped
+    assert len(reads) == 4 and len(built) == 1
+    assert built[0] is not None and built[0].upcoming == 0.01  # the good iteration reset the shared backoff
+    assert pauses == []  # nothing to attach the Event to before the first read: the log says it

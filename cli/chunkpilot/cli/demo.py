@@ -105,8 +105,11 @@ def demo(
             finally:
                 shutdown(run)  # whatever the report could not do, no process outlives the demo
             png = report.plot(run, data)
-            path = save_json(run, {"series": data, "interrupted": interrupted, "hindsight": hindsight})
+            missed = report.shortfall(run, data)
+            path = save_json(run, {"series": data, "interrupted": interrupted, "hindsight": hindsight,
+                                   "shortfall": missed})
             console.print(f"report: {png} and {path}")
             console.print(report.summary_line(run))
             if not interrupted:
                 console.print(report.hindsight_line(hindsight))
+                console.print(report.shortfall_line(missed, hindsight))

@@ -95,6 +95,60 @@ def hindsight_line(h: dict | None) -> str:
             f"the same simulation of the fixed group's knobs is off by {err['attainment']:+.0%} attainment{good}")
 
 
+def _at(samples: list, t: float) -> float:
+    """The value of a 5-s series at `t` (seconds into the run): the last sample at or before it, else the first."""
+    value = samples[0][1]
+    for at, v in samples:
+        if at > t:
+            break
+        value = v
+    return value
+
+
+def shortfall_by_knobs(arrivals: list[tuple[float, bool]], budget: list, chunk: list) -> list[dict]:
+    """Pure: each request as (seconds into the run it arrived, met every SLO) and the tuned group's knob series ->
+    per knobs the engine ran at the arrival, its requests and those missed, the costliest first."""
+    counts: dict[tuple[int, int], list[int]] = {}
+    for t, met in arrivals:
+        c = counts.setdefault((int(_at(budget, t)), int(_at(chunk, t))), [0, 0])
+        c[0] += 1
+        c[1] += not met
+    rows = [{"knobs": list(k), "requests": n, "missed": m} for k, (n, m) in counts.items()]
+    return sorted(rows, key=lambda r: (-r["missed"], -r["requests"]))
+
+
+def shortfall(run: DemoRun, data: dict) -> list[dict]:
+    """Which decisions cost the tuned group what it missed: its requests that failed or missed an SLO, by the knobs
+    its engines ran when each arrived (Prometheus' series of the tuned group's knobs). Beside the best fixed knobs
+    in hindsight this names the trials, or the held knobs, that lost what the tuned group lost."""
+    budget, chunk = data.get("tuned", {}).get("token_budget"), data.get("tuned", {}).get("max_chunk")
+    if not budget or not chunk or not run.started:
+        return []
+    from chunkpilot.demo.run import request_slo
+
+    slo = request_slo(run.config)
+    offset = time.time() - time.monotonic() - run.started  # the client's monotonic start -> seconds into the run
+    return shortfall_by_knobs([(r.start + offset, slo.met_by(r)) for r in run.records.get("tuned", [])],
+                              budget, chunk)
+
+
+def shortfall_line(rows: list[dict], h: dict | None) -> str:
+    missed = sum(r["missed"] for r in rows)
+    if not rows or not missed:
+        return "where the tuned group missed: no request missed an SLO"
+    best = tuple(h["best"]) if h and "best" in h else None
+    parts = []
+    for r in [r for r in rows if r["missed"]][:4]:
+        k = tuple(r["knobs"])
+        tag = " (the best in hindsight)" if k == best else ""
+        parts.append(f"{r['missed']} of {r['requests']} at {k[0]}/{k[1]}{tag}")
+    line = f"where the tuned group missed: {missed} of {sum(r['requests'] for r in rows)} requests; " + ", ".join(parts)
+    if h and "best" in h and "requests" in h:
+        line += (f"; the best fixed knobs in hindsight missed {round((1 - h['attainment']) * h['requests'])} in "
+                 f"their simulation")
+    return line
+
+
 def contention(run: DemoRun) -> float | None:
     """The tuned group's steps over the busiest phase (the middle half of the load): measured seconds over what
     the probe's fit predicts for the same steps. 1 means the probe's steps and the busy phase's cost alike; what it

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from chunkpilot.api.types import autoscaling_refusal
 from chunkpilot.kube.conditions import now_rfc3339
-from chunkpilot.tuner import guide
+from chunkpilot.tuner import guide, reasons
 from chunkpilot.tuner.interfaces import Scaler
 from chunkpilot.tuner.measurement import SLOTargets
 from chunkpilot.tuner.predictor import Load
@@ -97,21 +97,17 @@ def recommend(context: guide.Context, knobs: Knobs, slo: SLOTargets, policy: Sca
               observations: list[guide.Observation] = ()) -> tuple[int, int | None, str]:
     """This window's recommendation (bounded), the pods needed (unbounded), and why."""
     up = pods_needed(context, knobs, slo, policy.target_utilization, observations)
-    at = f"at {knobs.token_budget}/{knobs.max_chunk}"
     if up is None:
         held = policy.clamp(current)
-        return held, None, (f"more replicas would not help: no count up to {guide.REPLICAS_CAP} is predicted to "
-                            f"keep the SLOs {at} (a single request is too slow for them); holding {held}")
+        return held, None, reasons.replicas_would_not_help(guide.REPLICAS_CAP, knobs, held)
     if up > current:
-        why = f"{up} replicas predicted needed {at} (prefill within {policy.target_utilization:.0%}, SLOs kept)"
-        if up > policy.max_replicas:
-            why += f"; maxReplicas {policy.max_replicas} is too low for the load"
-        return policy.clamp(up), up, why
+        return policy.clamp(up), up, reasons.replicas_needed(up, knobs, policy.target_utilization,
+                                                             policy.max_replicas)
     down = pods_needed(context, knobs, slo, policy.target_utilization * DOWN_HYSTERESIS, observations) or current
     if down < current:
-        return policy.clamp(down), up, (f"{down} replicas predicted to keep the SLOs {at} with prefill within "
-                                        f"{policy.target_utilization * DOWN_HYSTERESIS:.0%}")
-    return policy.clamp(current), up, f"{current} replicas keep the SLOs {at}"
+        return policy.clamp(down), up, reasons.replicas_fewer(down, knobs,
+                                                              policy.target_utilization * DOWN_HYSTERESIS)
+    return policy.clamp(current), up, reasons.replicas_keep(current, knobs)
 
 
 def stabilize(history: list[tuple[float, int]], now: float, current: int, policy: ScalingPolicy) -> int:
@@ -141,17 +137,16 @@ class Autoscaler:
         the simulator's 2.4 req/s peak on one seed, and the window at 2 pods breached for 13 minutes)."""
         recommendation, needed, reason = recommend(context, knobs, slo, self.policy, current, observations)
         if breached and recommendation <= current and needed is not None:  # (None: no count helps, not even +1)
+            predicted = recommendation
             recommendation = self.policy.clamp(current + 1)
             needed = max(needed or 0, current + 1)
-            reason = (f"the last window at {knobs.token_budget}/{knobs.max_chunk} on {current} replicas broke an SLO "
-                      f"(the model said {reason.split(' ')[0]}): one more")
+            reason = reasons.replicas_breached(knobs, current, predicted)
         self.history.append((now, recommendation))
         keep = max(self.policy.up_stabilization, self.policy.down_stabilization)
         self.history[:] = [(t, r) for t, r in self.history if now - t <= keep] or self.history[-1:]
         desired = stabilize(self.history, now, current, self.policy)
         if desired != recommendation:
-            reason += (f"; held at {desired} by the {'scale-down' if recommendation < current else 'scale-up'} "
-                       f"stabilization window")
+            reason += reasons.replicas_stabilized(desired, down=recommendation < current)
         return Decision(desired=desired, needed=needed, recommendation=recommendation, reason=reason)
 
 
@@ -197,8 +192,8 @@ class ReplicaCoordinator:
             if not self.scaler.scale(bounded, r.version):
                 return  # someone changed the replicas since the read: judged again next iteration
             sc.desired, sc.last_scale = bounded, now_rfc3339()
-            sc.reason = (f"spec.replicas {r.spec} is outside [{self.policy.min_replicas}, "
-                         f"{self.policy.max_replicas}]: scaled to {bounded}")
+            sc.reason = reasons.replicas_outside_bounds(r.spec, self.policy.min_replicas, self.policy.max_replicas,
+                                                        bounded)
             log.info("%s", sc.reason)
 
     def settled(self) -> bool:
@@ -238,13 +233,11 @@ class ReplicaCoordinator:
         sc = self.scaling
         if self._serving is not None and sc.ready == self._serving and sc.ready < sc.replicas:
             self.warm = True
-            return (f"{sc.ready} of {sc.replicas} replicas ready for over {self.readiness_timeout:.0f} s: tuning on "
-                    f"the ready pods, after one window of warm-up")
+            return reasons.replicas_ready_long(sc.ready, sc.replicas, self.readiness_timeout)
         if sc.ready is not None and sc.replicas is not None and sc.ready < sc.replicas:
-            return (f"{sc.ready} of {sc.replicas} replicas ready: no trial until every pod serves (or "
-                    f"{self.readiness_timeout:.0f} s pass: then on the ready pods)")
+            return reasons.replicas_not_ready(sc.ready, sc.replicas, self.readiness_timeout)
         self.warm = True  # the window the loop waits next is that warm-up
-        return f"replicas changed to {sc.replicas}: one window of warm-up before the next trial"
+        return reasons.replicas_changed(sc.replicas)
 
     def moved(self) -> bool:
         """During a trial: did the replicas change or a pod stop being ready? Then the window says nothing about
@@ -266,23 +259,22 @@ class ReplicaCoordinator:
                                           breached=breached)
         desired, why = decision.desired, decision.reason
         if exploring and desired < sc.replicas:
-            desired, why = sc.replicas, f"{why}; scaling down waits for the best knobs (exploring)"
+            desired, why = sc.replicas, why + reasons.scale_down_waits()
         unready_for = self._clock() - self._unready_since if self._unready_since is not None else 0.0
         if settling and desired > sc.replicas and unready_for < self.readiness_timeout:
-            desired, why = sc.replicas, (f"{why}; more pods wait while {sc.replicas - (sc.ready or 0)} are not ready "
-                                         f"(up to {self.readiness_timeout:.0f} s)")
+            desired, why = sc.replicas, why + reasons.more_pods_wait(sc.replicas - (sc.ready or 0),
+                                                                    self.readiness_timeout)
         sc.desired, sc.needed, sc.reason, sc.helps = desired, decision.needed, why, decision.helps
         if sc.mode == "auto" and not sc.refused and desired != sc.replicas:
             # decided on the count read before the window: read it again and write against that version, so a
             # person's `kubectl scale` (to 0 in an incident) during the window is never overwritten
             r = self.scaler.replicas()
             if r.spec != sc.replicas:
-                sc.reason = (f"{why}; not applied: spec.replicas changed to {r.spec} during the window (someone "
-                             f"else scaled), judged again from there")
+                sc.reason = why + reasons.scaled_by_someone(r.spec)
                 sc.replicas, sc.desired = r.spec, r.spec
                 return
             log.info("scaling %d -> %d replicas: %s", sc.replicas, desired, why)
             if self.scaler.scale(desired, r.version):
                 sc.last_scale = now_rfc3339()
             else:
-                sc.reason = f"{why}; not applied: the resource changed while writing, judged again next window"
+                sc.reason = why + reasons.scale_conflict()

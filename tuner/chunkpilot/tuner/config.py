@@ -9,6 +9,7 @@ from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.interfaces import Actuator, Measurer, Publisher, Scaler
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.tuner.retry import Backoff
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TunerStudy
 
@@ -57,11 +58,12 @@ def parse_bounds(text: str, what: str) -> tuple[int, int]:
 
 
 def build_loop(config: TuningConfig, actuator: Actuator, measurer: Measurer, publisher: Publisher,
-               scaler: Scaler | None = None, scaling_history: list | None = None) -> TunerLoop:
+               scaler: Scaler | None = None, scaling_history: list | None = None,
+               backoff: Backoff | None = None) -> TunerLoop:
     if config.slo.ttft is None and config.slo.itl is None:
         raise ValueError("tuning needs at least one SLO (TTFT or ITL)")
     space = config.space()
     study = TunerStudy(config.storage, config.deployment, space, config.slo, config.settings.objective,
                        seed=config.seed)
     return TunerLoop(config.settings, space, study, actuator, measurer, publisher, config.slo, scaler=scaler,
-                     scaling=config.scaling, scaling_history=scaling_history)
+                     scaling=config.scaling, scaling_history=scaling_history, backoff=backoff)

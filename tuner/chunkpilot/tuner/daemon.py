@@ -40,6 +40,7 @@ from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
 from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
 from chunkpilot.kube.peering_gate import PeeringGate
+from chunkpilot.tuner import reasons
 from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.config import TuningConfig, build_loop
 from chunkpilot.tuner.interfaces import ReplicaCount
@@ -47,14 +48,16 @@ from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.metrics import TunerMetrics
 from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
+from chunkpilot.tuner.retry import Backoff
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.state import TunerState, conditions, dump, status_autoscaling, status_slo, status_tuning
 from chunkpilot.tuner.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
-# Pause after a failed iteration, doubling up to the max while failures repeat.
+# Pause after a failed iteration, doubling up to the max while failures repeat (retry.py: the one retry layer).
 ERROR_BACKOFF_INITIAL = 2.0
 ERROR_BACKOFF_MAX = 60.0
+INVALID_SPEC_RECHECK = 60.0  # a spec the API types refuse is read again this often (not a failure: nothing retries)
 ANNOTATION_PREFIX = f"tuner.{GROUP}"
 
 
@@ -313,16 +316,14 @@ def iteration_failure(e: Exception, retry_in: float) -> tuple[str, str]:
     from sqlalchemy.exc import SQLAlchemyError
 
     if isinstance(e, ApiException):
-        return "KubernetesAPIError", f"the Kubernetes API answered {e.status} {e.reason}; retrying in {retry_in:g} s"
+        return "KubernetesAPIError", reasons.api_failed(e.status, e.reason, retry_in)
     if isinstance(e, (SQLAlchemyError, optuna.exceptions.StorageInternalError)):
         root = e  # Optuna wraps the database's words ("attempt to write a readonly database") in a generic error
         while root.__cause__ is not None or root.__context__ is not None:
             root = root.__cause__ or root.__context__
         said = (str(root).strip().splitlines() or [""])[0][:300]
-        return "StudyStorageUnavailable", (
-            f"the study storage failed ({type(root).__name__}: {said}); the knobs stay, no trial is recorded, "
-            f"retrying in {retry_in:g} s: check the tuner's volume (full, read-only) or database (tuner.storage)")
-    return "IterationFailed", f"{type(e).__name__}: {str(e)[:400]}; the knobs stay, retrying in {retry_in:g} s"
+        return "StudyStorageUnavailable", reasons.storage_failed(type(root).__name__, said, retry_in)
+    return "IterationFailed", reasons.iteration_failed(e, retry_in)
 
 
 def report_failure(writer: StatusWriter, raw: dict, reason: str, message: str) -> None:
@@ -354,24 +355,26 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
     history = histories.setdefault(uid, [])
     autoscalers = memo.setdefault("autoscalers", AutoscalerCheck(kube))
     may_act = memo.get("gate") or (lambda: True)
-    backoff, failing = ERROR_BACKOFF_INITIAL, None
+    backoff, failing, raw = Backoff(ERROR_BACKOFF_INITIAL, ERROR_BACKOFF_MAX), None, None
     while not stopped.is_set():
-        if not may_act():  # another tuner replica acts (kopf peering): stand by, write nothing
-            sleep(5)
-            continue
-        raw = kube.read_inference_deployment(namespace, name)
-        if raw is None or raw["metadata"].get("uid", "") != uid:
-            histories.pop(uid, None)
-            return
+        # Everything an iteration calls is inside this one try: the read, the spec's check, the loop's build and
+        # its window. This is the only place a failure is retried (retry.py); the loop shares its Backoff.
         try:
-            config = tuning_config(namespace, name, raw.get("spec") or {}, cluster)
-        except (ValidationError, ValueError) as e:
-            writer.write(tuning=TuningStatus(mode="off", phase="Holding", reason=str(e)[:1024]),
-                         tuner_conditions=[Condition(type="Tuning", status="False", reason="InvalidTuningSpec",
-                                                     message=str(e)[:1024])])
-            sleep(60)
-            continue
-        try:
+            if not may_act():  # another tuner replica acts (kopf peering): stand by, write nothing
+                sleep(5)
+                continue
+            raw = kube.read_inference_deployment(namespace, name)
+            if raw is None or raw["metadata"].get("uid", "") != uid:
+                histories.pop(uid, None)
+                return
+            try:
+                config = tuning_config(namespace, name, raw.get("spec") or {}, cluster)
+            except (ValidationError, ValueError) as e:
+                writer.write(tuning=TuningStatus(mode="off", phase="Holding", reason=str(e)[:1024]),
+                             tuner_conditions=[Condition(type="Tuning", status="False", reason="InvalidTuningSpec",
+                                                         message=str(e)[:1024])])
+                sleep(INVALID_SPEC_RECHECK)
+                continue
             if config != built_for:
                 start, generation = start_knobs(raw)
                 source = PrometheusSource(cluster.prometheus_url, selector)
@@ -379,7 +382,7 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
                                   PrometheusMeasurer(source, config.slo, sleep=sleep),
                                   StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)),
                                   scaler=StatusScaler(kube, namespace, name, autoscalers),
-                                  scaling_history=history)
+                                  scaling_history=history, backoff=backoff)
                 built_for = config
                 # an SRE reading the log after a restart or a reinstall sees whether the study (on its volume or
                 # database) came back, or whether the tuner starts from nothing
@@ -388,17 +391,18 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
                          config.settings.mode, f"resumed with {done} completed trials" if done else
                          "no completed trials yet")
             loop.iterate()
-            backoff, failing = ERROR_BACKOFF_INITIAL, None
+            backoff.succeeded()
+            failing = None
         except Exception as e:  # noqa: BLE001 - one failed call is not a reason to lose the loop (above)
+            pause = backoff.failed()
             what = f"Kubernetes API {e.status} {e.reason}" if isinstance(e, ApiException) else repr(e)
             log.warning("tuning %s/%s: an iteration failed (%s); the same loop goes on in %.0f s", namespace, name,
-                        what, backoff, exc_info=not isinstance(e, ApiException))
-            reason, message = iteration_failure(e, backoff)
-            if reason != failing:  # said once while it lasts; the next good iteration's report replaces it
+                        what, pause, exc_info=not isinstance(e, ApiException))
+            reason, message = iteration_failure(e, pause)
+            if reason != failing and raw is not None:  # said once while it lasts; a good iteration replaces it
                 report_failure(writer, raw, reason, message)
                 failing = reason
-            sleep(backoff)
-            backoff = min(backoff * 2, ERROR_BACKOFF_MAX)
+            sleep(pause)
 
 
 def build_registry() -> kopf.OperatorRegistry:

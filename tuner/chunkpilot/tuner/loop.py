@@ -35,12 +35,13 @@ import time
 from dataclasses import dataclass
 
 from chunkpilot.kube.conditions import now_rfc3339
-from chunkpilot.tuner import autoscale, guide, policy
+from chunkpilot.tuner import autoscale, guide, policy, reasons
 from chunkpilot.tuner.autoscale import ReplicaCoordinator, ScalingPolicy
 from chunkpilot.tuner.interfaces import Actuator, MeasurementUnavailable, Measurer, Publisher, Scaler
 from chunkpilot.tuner.predictor import predict
 from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
 from chunkpilot.tuner.policy import Outcome
+from chunkpilot.tuner.retry import Backoff
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import ScalingState, TunerState
 from chunkpilot.tuner.study import TunerStudy
@@ -77,9 +78,11 @@ class TunerSettings:
 class TunerLoop:
     def __init__(self, settings: TunerSettings, space: SearchSpace, study: TunerStudy, actuator: Actuator,
                  measurer: Measurer, publisher: Publisher, slo: SLOTargets, scaler: Scaler | None = None,
-                 scaling: ScalingPolicy | None = None, clock=None, scaling_history: list | None = None) -> None:
+                 scaling: ScalingPolicy | None = None, clock=None, scaling_history: list | None = None,
+                 backoff: Backoff | None = None) -> None:
         """`scaling_history`: the autoscaler's (time, recommendation) list, owned by the caller so that it outlives
-        this loop (daemon.tune_one keeps one per resource)."""
+        this loop (daemon.tune_one keeps one per resource). `backoff`: the driver's retry state (retry.py), shared
+        so that its failures and this loop's outages count as one."""
         self.s = settings
         self.space = space
         self.study = study
@@ -91,7 +94,7 @@ class TunerLoop:
                                 best=study.best())
         if settings.guidance not in GUIDANCE:
             raise ValueError(f"guidance must be one of {', '.join(GUIDANCE)}, got {settings.guidance!r}")
-        self._backoff = settings.backoff_initial
+        self.backoff = backoff or Backoff(settings.backoff_initial, settings.backoff_max)
         # What the loop knows besides the trials comes back from the study after a restart: the windows measured
         # next to predicted (they calibrate every prediction), whether the baseline was measured, and how many
         # trials ran since the incumbent was last re-measured.
@@ -106,7 +109,7 @@ class TunerLoop:
         # guided needs a measurer that can fit the model (Prometheus, the simulator); others run black-box
         self._guided = settings.guidance == "model" and hasattr(measurer, "context")
         if study.closed_stale:
-            self.state.reason = f"closed {study.closed_stale} trial(s) interrupted by a restart"
+            self.state.reason = reasons.closed_stale(study.closed_stale)
         # replicas as the last knob: only with a scaler and a policy that is not off
         self._clock = clock or time.monotonic
         self.replicas: ReplicaCoordinator | None = None
@@ -137,7 +140,7 @@ class TunerLoop:
                 outcome = self._explore(action)
             else:
                 outcome = self._exploit()
-            self._backoff = self.s.backoff_initial
+            self.backoff.succeeded()
             self.state.healthy = True
             if self.replicas is not None and outcome.measured:
                 self._autoscale()
@@ -148,7 +151,7 @@ class TunerLoop:
         except MeasurementUnavailable as e:
             outcome = self._hold(str(e))
         if self.state.feasible is False and self.state.healthy and self.state.phase == "Exploring":
-            self.state.reason = f"NoFeasibleKnobs: {self.state.feasible_reason} ({self.state.reason})"
+            self.state.reason = reasons.exploring_infeasible(self.state.feasible_reason, self.state.reason)
         self.state.best = self.study.best()
         self.state.trial = self.study.total_completed()
         self.state.epoch = self.study.epoch
@@ -182,8 +185,7 @@ class TunerLoop:
             if cut:
                 self.study.tell(trial, probe, cut_short=True)
                 self._record(knobs, probe, "cut")
-                self.state.reason = (f"trial {knobs.token_budget}/{knobs.max_chunk} breached an SLO by more than "
-                                     f"{self.s.breach_factor:g}x: cut short, best knobs restored")
+                self.state.reason = reasons.cut(knobs, self.s.breach_factor)
             else:
                 self.measurer.wait(self.s.window - probe_len)
                 window = self.measurer.measure(self.s.window)
@@ -204,21 +206,21 @@ class TunerLoop:
                 try:
                     self._apply(best.knobs)
                 except TimeoutError as e:
-                    self.state.reason += f"; restoring the best knobs: {e}"
+                    self.state.reason += reasons.not_restored(e)
             return Outcome.CUT
         if self.replicas is not None and self.replicas.moved():
             self.study.fail(trial, "the replicas changed during the window")
-            self.state.reason = "the replicas changed during the window: not a trial result"
+            self.state.reason = reasons.replicas_moved()
             return Outcome.SCALING
         if window.requests < self.s.min_requests:
             self.study.fail(trial, f"only {window.requests} requests in the window (< {self.s.min_requests})")
-            self.state.reason = f"window too thin ({window.requests} requests): not a trial result"
+            self.state.reason = reasons.thin(window.requests)
             self._record(knobs, window, "thin")
             return Outcome.THIN
         self.study.tell(trial, window)
         self._since_incumbent += 1
         self._record(knobs, window, "complete")
-        self.state.reason = f"trial {self.study.explored()}/{self.s.max_trials} of epoch {self.study.epoch}"
+        self.state.reason = reasons.trial(self.study.explored(), self.s.max_trials, self.study.epoch)
         return Outcome.TRIAL
 
     def _measure_baseline(self) -> Outcome:
@@ -229,7 +231,7 @@ class TunerLoop:
         window = self.measurer.measure(self.s.window)
         self._baseline = True  # after the measurement: an outage does not use it up
         self._record(knobs, window, "baseline")
-        self.state.reason = "measuring the running knobs once: the step-time model needs steps to fit"
+        self.state.reason = reasons.baseline()
         return Outcome.BASELINE
 
     def _ask(self, context: guide.Context | None):
@@ -241,8 +243,7 @@ class TunerLoop:
         if shift > self.s.drift_load_shift:
             # what this epoch measured describes another load: it no longer decides, nor calibrates
             self.study.new_epoch([])
-            self.state.reason = (f"load moved by {shift:.0%} while exploring: exploring again from the predicted "
-                                 f"best (epoch {self.study.epoch})")
+            self.state.reason = reasons.load_moved(shift, self.study.epoch)
             log.info("%s", self.state.reason)
         observations = self._observations()
         screened = guide.screen(context, self.space.all_knobs(), self.slo, observations,
@@ -276,13 +277,9 @@ class TunerLoop:
             # as safe is judged: with the load headroom the tuner keeps
             self.state.replicas_needed = guide.replicas_needed(guide.stressed(context, self.s.drift_load_shift),
                                                                closest, self.slo, observations)
-            self.state.feasible_reason = (
-                f"no knobs in bounds are predicted to keep the SLOs at {context.load.request_rate:.2f} req/s per "
-                f"pod ({context.pods} pod{'s' * (context.pods != 1)}); applying the closest, "
-                f"{closest.token_budget}/{closest.max_chunk} ({pressure[closest]:.0%} of the tightest limit, "
-                f"calibrated by {len(observations)} measured window{'s' * (len(observations) != 1)}); "
-                + (f"about {self.state.replicas_needed} replicas would be needed" if self.state.replicas_needed
-                   else "more replicas would not help (a single request is too slow for the SLO)"))
+            self.state.feasible_reason = reasons.no_feasible_knobs(
+                context.load.request_rate, context.pods, closest, pressure[closest], len(observations),
+                self.state.replicas_needed)
             self.study.enqueue(closest, "closest")
             return self.study.ask()
         self.state.feasible, self.state.replicas_needed, self.state.feasible_reason = True, None, ""
@@ -373,7 +370,7 @@ class TunerLoop:
         window = self.measurer.measure(self.s.window)
         self._record(best.knobs, window, "exploit")
         if window.requests < self.s.min_requests:
-            self.state.reason = "holding the best knobs (window too thin to judge)"
+            self.state.reason = reasons.holding_thin()
             return Outcome.EXPLOIT
         verdict = policy.after_exploit(best.window, window, self.slo, self._breaches,
                                        breach_windows=self.s.drift_breach_windows, shift_limit=self.s.drift_load_shift)
@@ -381,10 +378,10 @@ class TunerLoop:
             # guided, the new epoch starts from the predicted best at the new load; black-box, from the incumbent
             self.study.new_epoch([] if self._guided else [best.knobs])
             self._breaches = 0
-            self.state.reason = f"{verdict.why}: exploring again (epoch {self.study.epoch})"
+            self.state.reason = reasons.reopened(verdict.why, self.study.epoch)
             return Outcome.REOPEN
         self._breaches = verdict.breaches
-        self.state.reason = f"holding the best knobs {best.knobs.token_budget}/{best.knobs.max_chunk}"
+        self.state.reason = reasons.holding(best.knobs)
         return Outcome.EXPLOIT
 
     def _advise(self) -> Outcome:
@@ -405,19 +402,19 @@ class TunerLoop:
         self._record(knobs, window, "observed")
         best = self.study.best()
         self.state.recommendation = best.knobs if best else None
-        self.state.reason = "advisory: recommending the best feasible knobs measured so far; nothing is changed"
+        self.state.reason = reasons.advisory()
         return Outcome.ADVISE
 
     def _hold(self, why: str) -> Outcome:
         self.state.phase = "Holding"
         self.state.healthy = False
-        self.state.reason = f"{why}; keeping the current knobs, retrying in {self._backoff:.0f}s"
+        pause = self.backoff.failed()
+        self.state.reason = reasons.holding_blind(why, pause)
         log.warning("%s", self.state.reason)
         try:
-            self.measurer.wait(self._backoff)
+            self.measurer.wait(pause)
         except MeasurementUnavailable:
             pass
-        self._backoff = min(self._backoff * 2, self.s.backoff_max)
         return Outcome.HOLD
 
     # -- replicas (chunkpilot.tuner.autoscale.ReplicaCoordinator) --------------------------------------------
@@ -466,8 +463,7 @@ class TunerLoop:
         waited = 0.0
         while not self.actuator.applied(generation):
             if waited >= self.s.apply_timeout:
-                raise TimeoutError(f"pods did not report knob generation {generation} within "
-                                   f"{self.s.apply_timeout:g}s")
+                raise TimeoutError(reasons.not_acknowledged(generation, self.s.apply_timeout))
             self.measurer.wait(self.s.poll)
             waited += self.s.poll
 

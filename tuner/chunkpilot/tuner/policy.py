@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from chunkpilot.tuner import reasons
 from chunkpilot.tuner.measurement import SLOTargets, Window, load_of, load_shift, slo_met, window_of
 
 
@@ -111,9 +112,9 @@ def before_exploit(has_best: bool, guided: bool, best_feasible: bool, max_trials
     """Whether there is anything to hold: every window thin, or (guided) nothing kept the SLOs, where the least
     violating knobs were measured at some load of the epoch and must be judged again at the load now."""
     if not has_best:
-        return Reopen("no trial completed within max trials: exploring a new epoch")
+        return Reopen(reasons.nothing_completed())
     if guided and not best_feasible:
-        return Reopen(f"no feasible knobs after {max_trials} trials: judging again at the load now")
+        return Reopen(reasons.nothing_feasible(max_trials))
     return None
 
 
@@ -124,9 +125,9 @@ def after_exploit(best_window: dict, window: Window, slo: SLOTargets, breaches: 
     breaches = 0 if slo_met(window, slo) else breaches + 1
     shift = load_shift(load_of(best_window), load_of(window))
     if breaches >= breach_windows:
-        return Reopen(f"SLO breached in {breaches} consecutive windows")
+        return Reopen(reasons.sustained_breach(breaches))
     if shift > shift_limit:
-        return Reopen(f"load moved by {shift:.0%} since the best knobs were measured")
+        return Reopen(reasons.load_shifted(shift))
     return Keep(breaches)
 
 

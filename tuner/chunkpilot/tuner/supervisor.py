@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-# (namespace, name, uid, stop) -> returns when the resource (that uid) is gone or `stop` is set
+# (namespace, name, uid, stop) -> returns when the resource (that uid) is gone or `stop` is set; retries its own
+# failures (daemon.tune_one, retry.py), so whatever escapes it is a bug, not weather
 TuneOne = Callable[[str, str, str, threading.Event], None]
-RETRY_SECONDS = 10.0  # after a tuning thread failed unexpectedly
 
 
 def tuning_on(obj: dict) -> bool:
@@ -76,13 +76,13 @@ class Supervisor:
             w.thread.join(timeout)
 
     def _run(self, key: tuple[str, str], uid: str, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.tune_one(key[0], key[1], uid, stop)
-                break  # the resource is gone, or we were asked to stop
-            except Exception:  # noqa: BLE001 - one resource's failure must not end the others' tuning
-                log.exception("tuning %s/%s failed; retrying in %.0f s", *key, RETRY_SECONDS)
-                stop.wait(RETRY_SECONDS)
+        """Runs tune_one once: it returns when the resource is gone or `stop` is set, and retries its own failures
+        (retry.py, the one retry layer). A second layer here would restart a loop that is meant to go on."""
+        try:
+            self.tune_one(key[0], key[1], uid, stop)
+        except Exception:  # noqa: BLE001 - a bug in one resource's thread must not end the others' tuning
+            log.exception("tuning %s/%s ended by an unexpected error; the next event for it starts a fresh thread",
+                          *key)
         with self._lock:  # a finished thread leaves, so a later event can start a fresh one
             if self._workers.get(key) is not None and self._workers[key].stop is stop:
                 del self._workers[key]
