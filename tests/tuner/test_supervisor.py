@@ -158,5 +158,40 @@ def test_tune_one_retries_a_failed_read_itself_with_the_loops_backoff(monkeypatc
                      metrics=None)
     daemon.tune_one("team", "llm", "u-1", memo, stopped)  # returns: nothing escaped
     assert len(reads) == 4 and len(built) == 1
-    assert built[0] is not None and built[0].upcoming == 0.01  # the good iteration reset the shared backoff
+    assert built[0] is not None and built[0].upcoming == 0.08  # the failed reads' doubling, handed to the loop
     assert pauses == []  # nothing to attach the Event to before the first read: the log says it
+
+
+def test_a_holding_loop_keeps_doubling_under_tune_one(monkeypatch):
+    """The loop holds (Prometheus down) by pausing with the shared Backoff and returning normally; tune_one must
+    not take that return for a good iteration and reset the pause (the scale bench saw 200 holding threads
+    polling every 2 s instead of backing off to 60 s)."""
+    import kopf
+
+    from chunkpilot.tuner import daemon
+
+    from ..operator.operator_proc import sample
+
+    raw = sample("llm", "team")
+    raw["metadata"]["uid"] = "u-1"
+    stopped = threading.Event()
+    pauses = []
+
+    class Loop:
+        class study:
+            total_completed = staticmethod(lambda: 0)
+
+        def __init__(self, backoff):
+            self.backoff = backoff
+
+        def iterate(self):  # as TunerLoop._hold: take the pause, return HOLD
+            pauses.append(self.backoff.failed())
+            if len(pauses) == 4:
+                stopped.set()
+            return "hold"
+
+    monkeypatch.setattr(daemon, "build_loop", lambda *a, backoff=None, **kw: Loop(backoff))
+    memo = kopf.Memo(kube=type("K", (), {"read_inference_deployment": lambda self, ns, n: raw})(),
+                     cluster=daemon.ClusterConfig(prometheus_url="http://x", storage=":memory:"), metrics=None)
+    daemon.tune_one("team", "llm", "u-1", memo, stopped)
+    assert pauses == [2.0, 4.0, 8.0, 16.0]

@@ -390,8 +390,7 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
                 log.info("tuning %s/%s: study %s, mode %s, %s", namespace, name, config.deployment,
                          config.settings.mode, f"resumed with {done} completed trials" if done else
                          "no completed trials yet")
-            loop.iterate()
-            backoff.succeeded()
+            loop.iterate()  # resets the shared backoff itself when it went well; a hold (Prometheus down) doubles it
             failing = None
         except Exception as e:  # noqa: BLE001 - one failed call is not a reason to lose the loop (above)
             pause = backoff.failed()
