@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import threading
 import time
 import urllib.request
@@ -25,9 +26,10 @@ import pytest
 
 from chunkpilot.api.types import GROUP, PLURAL, VERSION
 from chunkpilot.contract import metric_names as m
+from chunkpilot.tuner.child_process import stop_process
 from chunkpilot.tuner.prometheus_server import PrometheusServer
 
-from ..conftest import install_chart_accounts
+from ..conftest import install_chart_accounts, service_account_user
 from ..operator.operator_proc import Cluster, operator, sample, tuner
 
 pytestmark = pytest.mark.cluster
@@ -165,8 +167,15 @@ def stack(local_cluster, k8s_prometheus, tmp_path_factory):
     # beside it (the engine's user can reach it there), a copy whose weights file is cut off: a model that fails to
     # load, for test_a_model_that_fails_to_load_is_named_in_the_status
     s.broken_model_dir = truncated_copy(model_dir, model_dir + "-truncated")
+    # and one the engine's user may not read (root's, mode 0700: the config is there, the engine cannot see it)
+    s.unreadable_model_dir = model_dir + "-unreadable"
+    shutil.rmtree(s.unreadable_model_dir, ignore_errors=True)
+    os.makedirs(s.unreadable_model_dir)
+    shutil.copy(Path(model_dir) / "config.json", s.unreadable_model_dir)
+    os.chmod(s.unreadable_model_dir, 0o700)
     op = operator(accounts["operator"], work, "--engine-image", local_cluster.engine_image,
-                  "--allowed-host-path", model_dir, "--allowed-host-path", s.broken_model_dir)
+                  "--allowed-host-path", model_dir, "--allowed-host-path", s.broken_model_dir,
+                  "--allowed-host-path", s.unreadable_model_dir)
     tn = tuner(accounts["tuner"], work, "--min-requests", "3", "--apply-timeout", "30", prometheus_url=prom.url)
     s.procs = [op, tn]
     try:
@@ -184,6 +193,7 @@ def stack(local_cluster, k8s_prometheus, tmp_path_factory):
             p.stop()
         prom.stop()
         shutil.rmtree(s.broken_model_dir, ignore_errors=True)
+        shutil.rmtree(s.unreadable_model_dir, ignore_errors=True)
         try:
             k.delete_namespace(NS, timeout=90)
         except kubernetes.client.ApiException:
@@ -240,10 +250,11 @@ def chat(url: str, max_tokens: int, **extra):
 
 class Load:
     """Streamed chat completions through the Service, `streams` at a time, for as long as the `with` block runs;
-    API errors are collected in `errors` (the caller fails on them), under the GIL's list.append."""
+    API errors and streams that end without a finish_reason are collected in `errors` (the caller fails on them),
+    under the GIL's list.append; `served` counts the others (read after the block: the threads have ended)."""
 
     def __init__(self, url: str, streams: int = 3) -> None:
-        self.url, self.errors, self.stop = url, [], threading.Event()
+        self.url, self.errors, self.stop, self.finished = url, [], threading.Event(), []
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(streams)]
 
     def _run(self) -> None:
@@ -251,11 +262,21 @@ class Load:
 
         while not self.stop.is_set():
             try:
-                for _ in chat(self.url, 16):
-                    pass
+                finish = None
+                for c in chat(self.url, 16):
+                    if c.choices and c.choices[0].finish_reason:
+                        finish = c.choices[0].finish_reason
+                if finish is None:  # a stream that just stopped is a failure the client cannot tell from success
+                    self.errors.append("the stream ended without a finish_reason (a bare EOF)")
+                else:
+                    self.finished.append(finish)
             except openai.APIError as e:
                 self.errors.append(str(e))
                 time.sleep(0.5)
+
+    @property
+    def served(self) -> int:
+        return len(self.finished)
 
     def __enter__(self) -> Load:
         for t in self.threads:
@@ -449,6 +470,103 @@ def test_a_hand_edited_knobs_configmap_is_put_right_and_the_pod_keeps_the_decide
     assert 10**6 not in (st["knobs"]["generation"], st["scheduler"]["generation"], metrics[m.SCHEDULER_GENERATION])
 
 
+def only_one_of_each_child(stack) -> None:
+    """No orphaned or duplicated object: one of each child the operator makes for the resource."""
+    sel = f"app.kubernetes.io/instance={NAME}"
+    assert len(stack.k.apps.list_namespaced_deployment(NS, label_selector=sel).items) == 1
+    assert len(stack.k.core.list_namespaced_service(NS, label_selector=sel).items) == 1
+    assert len(stack.k.core.list_namespaced_config_map(NS, label_selector=sel).items) == 1
+    assert len([p for p in stack.k.core.list_namespaced_pod(NS, label_selector=sel).items
+                if p.metadata.deletion_timestamp is None]) == 1
+
+
+def reconciled_after_change(stack, trials: int):
+    """Make a spec change now (maxTrials: nothing restarts for it); returns a check that the operator observed it."""
+    stack.k.patch(NAME, {"spec": {"tuning": {"maxTrials": trials}}}, NS)
+    obj = stack.k.get("inferencedeployments", NS, NAME)
+    return lambda: stack.k.get("inferencedeployments", NS, NAME)["status"].get("observedGeneration") == \
+        obj["metadata"]["generation"]
+
+
+def tuner_wrote_status_since(stack, mark: int):
+    user = service_account_user("tuner")
+    return lambda: any((e.get("objectRef") or {}).get("subresource") == "status" and
+                       (e.get("objectRef") or {}).get("name") == NAME and e.get("verb") in ("patch", "update")
+                       and (e.get("responseStatus") or {}).get("code", 200) < 300
+                       for e in stack.cluster.audit(user, mark))
+
+
+def test_controllers_prometheus_and_the_api_server_fail_while_streams_run_and_no_request_is_lost(stack):
+    """Issue 37's game day for the parts off the data path, one fault at a time, with streamed requests running
+    through the Service all along: the operator SIGKILLed and restarted; the tuner SIGKILLed and restarted;
+    Prometheus stopped until the tuner holds, then back; the API server and etcd stopped for 30 s, then back
+    (the controllers reconnect on their own, no restart). No client request fails; each part is back (the
+    operator observes a spec change made after, the tuner writes status again, `Tuning` turns True); the knobs
+    stay what the tuner decided; one of each child object."""
+    op, tn = stack.procs
+    gen_before = stack.k.status(NS, NAME)["scheduler"]["generation"]
+    with Load(stack.service_url()) as load:
+        # 1. the operator killed while it works: its restart is level-triggered from fresh reads
+        op.stop(sig=signal.SIGKILL, grace=5)
+        op.start()
+        t0 = time.monotonic()
+        poll(reconciled_after_change(stack, 5), 120, "the restarted operator reconciling a spec change", stack.diagnose)
+        TIMINGS["operator_kill_to_reconciled_s"] = time.monotonic() - t0
+        # 2. the tuner killed: the restarted one opens the same study and writes status again
+        trials = stack.k.status(NS, NAME)["tuning"].get("trial", 0)
+        tn.stop(sig=signal.SIGKILL, grace=5)
+        mark = stack.cluster.audit_mark()
+        tn.start()
+        t0 = time.monotonic()
+        poll(tuner_wrote_status_since(stack, mark), 120, "the restarted tuner writing status", stack.diagnose)
+        TIMINGS["tuner_kill_to_status_s"] = time.monotonic() - t0
+        assert stack.k.status(NS, NAME)["tuning"].get("trial", 0) >= trials  # no trial lost
+        # 3. Prometheus gone: the tuner holds (nothing moves blind), and resumes when it is back
+        stack.prom.stop()
+        try:
+            poll(lambda: stack.k.cond(NS, NAME, "Tuning").get("reason") == "MeasurementsUnavailable", 180,
+                 "the tuner holding while Prometheus is down", stack.diagnose)
+            held_at = stack.k.status(NS, NAME)["scheduler"]["generation"]
+        finally:
+            stack.prom.start()
+        t0 = time.monotonic()
+        poll(lambda: stack.k.cond(NS, NAME, "Tuning").get("status") == "True", 180,
+             "the tuner measuring again after Prometheus is back", stack.diagnose)
+        TIMINGS["prometheus_back_to_tuning_s"] = time.monotonic() - t0
+        assert stack.k.status(NS, NAME)["scheduler"]["generation"] >= held_at
+        # 4. the control plane gone for 30 s: the engines serve on; both controllers reconnect by themselves
+        cluster = stack.cluster
+        cluster.kill_apiserver()
+        try:
+            stop_process(cluster.procs.pop("etcd", None), grace=5)
+            time.sleep(30)
+        finally:  # the cluster is the session's: it comes back whatever happened here
+            cluster.start_etcd()
+            cluster.start_apiserver()
+        t0 = time.monotonic()
+        mark = cluster.audit_mark()
+        poll(reconciled_after_change(stack, 4), 180, "the operator reconciling after the outage", stack.diagnose)
+        poll(tuner_wrote_status_since(stack, mark), 180, "the tuner writing status after the outage",
+             stack.diagnose)
+        TIMINGS["apiserver_back_to_both_controllers_s"] = time.monotonic() - t0
+        assert op.alive() and tn.alive(), stack.diagnose()
+    print(f"\nfaults under load: {load.served} requests served, {len(load.errors)} failed; operator killed -> "
+          f"reconciling {TIMINGS['operator_kill_to_reconciled_s']:.1f} s, tuner killed -> status "
+          f"{TIMINGS['tuner_kill_to_status_s']:.1f} s, Prometheus back -> Tuning True "
+          f"{TIMINGS['prometheus_back_to_tuning_s']:.1f} s, API server back -> both controllers "
+          f"{TIMINGS['apiserver_back_to_both_controllers_s']:.1f} s")
+    TIMINGS["faults_requests_served"], TIMINGS["faults_requests_failed"] = load.served, len(load.errors)
+    assert not load.errors, load.errors[:3]
+    assert load.served > 0
+    # the knobs on the pod are the ones decided (by the tuner before, or since): never older, never undecided
+    def runs_the_recorded_knobs():
+        k = stack.k.status(NS, NAME)["knobs"]
+        return engine_metrics(stack.pod().status.pod_ip)[m.SCHEDULER_GENERATION] == k["generation"] and k
+    k = poll(runs_the_recorded_knobs, 60, "the pod running the knobs status.knobs records", stack.diagnose)
+    assert k["generation"] >= gen_before
+    only_one_of_each_child(stack)
+
+
 def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(stack):
     """Delete the InferenceDeployment: the pod gets preStop, then SIGTERM. A stream that can finish within the
     engine's grace period finishes; one that cannot is aborted with an error event the client reads (not a cut
@@ -496,35 +614,58 @@ def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(st
     assert TIMINGS["delete_to_pod_gone_s"] < TERMINATION_GRACE_SECONDS + 10
 
 
+def failing_engine(stack, name: str, model_dir: str, what: str, timing: str) -> tuple[dict, dict]:
+    """Apply an InferenceDeployment whose engine cannot start, and wait for the Ready and Degraded conditions
+    to name the engine's own last line (EngineFailing); (ready, degraded)."""
+    body = sample(name, NS, replicas=1, engine__resources={"gpus": 0}, engine__maxNumSeqs=8,
+                  model__source=f"hostpath://{model_dir}", model__servedName=name,
+                  tuning={"mode": "off"}, monitoring={"serviceMonitor": False})
+    t0 = time.monotonic()
+    stack.k.create(body)
+
+    def named():
+        ready, degraded = stack.k.cond(NS, name, "Ready"), stack.k.cond(NS, name, "Degraded")
+        return (degraded.get("reason") == "EngineFailing" and what in ready.get("message", "")
+                and (ready, degraded))
+    ready, degraded = poll(named, 240, f"{what!r} named in the status",
+                           lambda: f"{stack.k.status(NS, name)}\n{stack.k.events(NS, name)}\n"
+                                   f"{stack.cluster.log('kubelet', 2000)}")
+    TIMINGS[timing] = time.monotonic() - t0
+    print(f"\n{name}: the error in the status after {TIMINGS[timing]:.0f} s: {ready['message']}")
+    assert ready["status"] == "False" and ready["message"].startswith(f"0/1 engine pods ready: pod {name}-")
+    assert "container engine" in ready["message"]
+    assert degraded["status"] == "True" and degraded["message"] in ready["message"]
+    assert any(t == "Warning" and r == "EngineFailing" and what in m
+               for t, r, m in stack.k.events(NS, name)), stack.k.events(NS, name)
+    return ready, degraded
+
+
+def test_an_unreadable_model_folder_is_named_in_the_status(stack):
+    """The model folder exists but the engine's user (uid 10001) may not read it: the engine's command line refuses
+    it (exit 2, a usage error that typer prints in a box) and the status names it by the box's content. Before,
+    the status said "last exit 2: ╰───╯", the box's bottom edge."""
+    name = "unreadable"
+    try:
+        ready, _ = failing_engine(stack, name, stack.unreadable_model_dir, "is not readable",
+                                  "unreadable_model_to_status_s")
+        assert ready["message"].endswith("last exit 2: Error: Invalid value for '--model' (env var: "
+                                         "'CHUNKPILOT_MODEL'): path '/models' is not readable."), ready["message"]
+    finally:
+        stack.k.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+
+
 def test_a_model_that_fails_to_load_is_named_in_the_status(stack):
     """A model whose weights file is truncated: the engine exits with the error as its last log line, the kubelet
     keeps it as the container's termination message (FallbackToLogsOnError), and the operator puts it into the
     Ready and Degraded conditions and a Warning Event, within about a minute of the apply (before, the status said
     "0/1 engine pods ready" for the start-up probe's 900 s)."""
     name = "broken"
-    body = sample(name, NS, replicas=1, engine__resources={"gpus": 0}, engine__maxNumSeqs=8,
-                  model__source=f"hostpath://{stack.broken_model_dir}", model__servedName=name,
-                  tuning={"mode": "off"}, monitoring={"serviceMonitor": False})
-    t0 = time.monotonic()
-    stack.k.create(body)
     try:
-        def named():
-            ready, degraded = stack.k.cond(NS, name, "Ready"), stack.k.cond(NS, name, "Degraded")
-            return (degraded.get("reason") == "EngineFailing" and "model failed to load" in ready.get("message", "")
-                    and (ready, degraded))
-        ready, degraded = poll(named, 240, "the load failure named in the status",
-                               lambda: f"{stack.k.status(NS, name)}\n{stack.k.events(NS, name)}\n"
-                                       f"{stack.cluster.log('kubelet', 2000)}")
-        TIMINGS["broken_model_to_status_s"] = time.monotonic() - t0
-        print(f"\napply of a truncated model -> its error in the status {TIMINGS['broken_model_to_status_s']:.0f} s: "
-              f"{ready['message']}")
-        assert ready["status"] == "False" and ready["message"].startswith("0/1 engine pods ready: pod broken-")
+        ready, _ = failing_engine(stack, name, stack.broken_model_dir, "model failed to load",
+                                  "broken_model_to_status_s")
         # the engine's own last line: the folder as the container sees it (the host path is mounted at /models)
         assert ready["message"].endswith("model failed to load from /models: SafetensorError: Error while "
                                          "deserializing header: incomplete metadata, file not fully covered; exiting")
-        assert "container engine" in ready["message"] and "last exit 1" in ready["message"]
-        assert degraded["status"] == "True" and degraded["message"] in ready["message"]
-        assert any(t == "Warning" and r == "EngineFailing" and "model failed to load" in m
-                   for t, r, m in stack.k.events(NS, name)), stack.k.events(NS, name)
+        assert "last exit 1" in ready["message"]
     finally:
         stack.k.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)

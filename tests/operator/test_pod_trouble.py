@@ -38,6 +38,20 @@ def test_a_crash_loop_names_the_container_and_the_end_of_its_log():
     assert "back-off" not in said and len(said) < 800
 
 
+def test_a_boxed_usage_error_is_named_by_its_content_not_its_bottom_edge():
+    """Seen on the real node: typer printed the engine's usage error in a rich box, and the status said only
+    "last exit 2: ╰────╯"."""
+    log = "\n".join(["Usage: chunkpilot engine serve [OPTIONS]",
+                     "Try 'chunkpilot engine serve --help' for help.",
+                     "╭─ Error ──────────────────────────────────────────╮",
+                     "│ Invalid value for '--model': Directory '/models'  │",
+                     "│ is not readable.                                  │",
+                     "╰───────────────────────────────────────────────────╯"])
+    said = engine_trouble([pod("m-0", containers=[crash_looping(log, code=2)])])
+    assert said == ("pod m-0: container engine CrashLoopBackOff; last exit 2: Error: Invalid value for '--model': "
+                    "Directory '/models' is not readable."), said
+
+
 def test_image_pulls_init_containers_and_unschedulable_pods_are_named():
     pull = {"name": "engine", "ready": False, "restartCount": 0,
             "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:1"'}}}
@@ -67,7 +81,12 @@ def test_the_operator_looks_again_while_containers_start():
     assert starting([pod("a", containers=[crash_looping("x")])])
     done = {"name": "model-download", "ready": False, "state": {"terminated": {"exitCode": 0}}}
     assert not starting([pod("a", inits=[done], containers=[RUNNING])])
-    assert not starting([pod("a")])  # waiting for a node: the Deployment's status moves when it starts
+    # created, its containers not yet: their start moves no Deployment field (seen on the real node: the operator
+    # stopped looking, and a crashing engine went unnamed until the resync)
+    assert starting([pod("a")])
+    assert starting([pod("a", conditions=[{"type": "PodScheduled", "status": "True"}])])
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
+    assert not starting([pod("a", conditions=[unschedulable])])  # the scheduler's to wait on; engine_trouble says it
     assert not starting([pod("a", containers=[LOADING], deleting=True)])
 
 

@@ -23,6 +23,13 @@ def _tail(message: str) -> str:
     last: the engine's "model failed to load ...; exiting", a traceback's exception line), without its time stamp,
     at most MAX_MESSAGE characters. `kubectl describe pod` shows the rest."""
     lines = [_STAMP.sub("", ln.strip()) for ln in message.strip().splitlines() if ln.strip()]
+    if lines and lines[-1].startswith("╰"):
+        # a box (typer and rich print a usage error so, exit status 2): its last line is only its bottom edge, so
+        # the box's title and content, as one line
+        top = max((i for i, ln in enumerate(lines) if ln.startswith("╭")), default=None)
+        if top is not None:
+            title, body = lines[top].strip("╭╮─ "), " ".join(ln.strip("│ ") for ln in lines[top + 1:-1])
+            return re.sub(r"\s+", " ", f"{title}: {body}" if title else body).strip()[:MAX_MESSAGE]
     return lines[-1][:MAX_MESSAGE] if lines else ""
 
 
@@ -66,14 +73,28 @@ def engine_trouble(pods: list[dict]) -> str | None:
     return None
 
 
+def _unschedulable(pod: dict) -> bool:
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
 def starting(pods: list[dict]) -> bool:
-    """Some pod runs containers that are not ready yet (loading, or failing): their state changes no field of
-    the Deployment the operator watches, so the operator looks again until they are ready. Pods that wait for
-    a node have no containers yet and do not count: the Deployment's status moves when they start."""
+    """Some pod is on its way up but not ready: being scheduled, its containers being created, loading, or
+    failing. None of that changes a field of the Deployment the operator watches (its status counts the pod from
+    its creation and moves again only when it is ready), so the operator looks again until it is ready. A pod the
+    scheduler has found no node for does not count (engine_trouble names it; waiting on it is the scheduler's).
+
+    (It did not count pods without container statuses, on the belief that the Deployment's status moves when they
+    start: on the real node a pod created after the operator's pass then went unlooked-at until the resync,
+    "0/1 engine pods ready" for five minutes while its engine crashed.)"""
     for p in _live(pods):
         st = p.get("status") or {}
         statuses = (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
-        if statuses and not all(cs.get("ready") or ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
-                                == 0 for cs in statuses):
+        if not statuses:
+            if not _unschedulable(p):
+                return True
+            continue
+        if not all(cs.get("ready") or ((cs.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
+                   for cs in statuses):
             return True
     return False
