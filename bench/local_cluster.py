@@ -42,6 +42,7 @@ SUITES = {  # name: (results name, test file, the env var it writes its timings 
               "operator_kill_to_reconciled_s": "operator killed → reconciling",
               "tuner_kill_to_status_s": "tuner killed → status written",
               "prometheus_back_to_tuning_s": "Prometheus back → Tuning True",
+              "apiserver_outage_s": "API server and etcd out (30 s + restart)",
               "apiserver_back_to_both_controllers_s": "API server back → both controllers"},
              "One node, real kubelet: first-day timings"),
     "helm": ("helm_install", "tests/cluster/test_helm_install.py", "CHUNKPILOT_HELM_TIMINGS",
