@@ -24,6 +24,8 @@ echo "== local_cluster (a real kubelet: needs root; three fresh clusters)"
 "$PY" bench/local_cluster.py --runs 3
 echo "== helm_install (helm install into a real kubelet: needs root; three fresh clusters)"
 "$PY" bench/local_cluster.py --suite helm --runs 3
+echo "== controllers_scale (the operator and the tuner on a real API server with 20 and 200 resources; ~17 min)"
+"$PY" bench/controllers_scale.py
 echo "== demo_runs (three demos in a row)"
 "$PY" bench/demo_runs.py --runs 3
 "$PY" bench/results_page.py
