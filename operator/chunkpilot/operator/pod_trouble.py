@@ -67,15 +67,15 @@ def engine_trouble(pods: list[dict]) -> str | None:
                 if found:
                     return found
     for p in _live(pods):
-        for c in (p.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
-                return f"pod {p['metadata'].get('name', '?')}: Unschedulable ({(c.get('message') or '').strip()})"
+        if (c := _unschedulable(p)) is not None:
+            return f"pod {p['metadata'].get('name', '?')}: Unschedulable ({(c.get('message') or '').strip()})"
     return None
 
 
-def _unschedulable(pod: dict) -> bool:
-    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+def _unschedulable(pod: dict) -> dict | None:
+    """The pod's PodScheduled condition when the scheduler found no node for it, else None."""
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"
+                 and c.get("status") == "False" and c.get("reason") == "Unschedulable"), None)
 
 
 def starting(pods: list[dict]) -> bool:
@@ -91,7 +91,7 @@ def starting(pods: list[dict]) -> bool:
         st = p.get("status") or {}
         statuses = (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
         if not statuses:
-            if not _unschedulable(p):
+            if _unschedulable(p) is None:
                 return True
             continue
         if not all(cs.get("ready") or ((cs.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
