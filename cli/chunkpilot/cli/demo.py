@@ -32,6 +32,13 @@ def demo(
                                                     "as soon as every step-cost term is identified)."),
     check_seconds: float = typer.Option(40.0, min=5.0, help="Seconds of the sizing's measured check at the "
                                                             "busiest rate."),
+    sizing_seconds: float = typer.Option(300.0, min=5.0, help="At most this many seconds of measured checks; a "
+                                                              "sizing that has not passed by then stops the demo "
+                                                              "before its load (see --force)."),
+    force: bool = typer.Option(False, help="Run the load even when the sizing's check did not pass (its figures "
+                                           "then say less)."),
+    cores: Optional[str] = typer.Option(None, help="Comma-separated CPU cores for the engines, shared out half "
+                                                   "to each group (default: every core this process may use)."),
 ) -> None:
     """Show online tuning keep the SLOs: engines + load + Prometheus + tuner on this machine, no cluster."""
     import shutil
@@ -40,7 +47,7 @@ def demo(
     from rich.live import Live
 
     from chunkpilot.demo import report, view
-    from chunkpilot.demo.run import DemoConfig, drive, save_json, shutdown, start
+    from chunkpilot.demo.run import DemoConfig, SizingStopped, drive, save_json, save_stopped, shutdown, start
 
     console = Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -54,6 +61,11 @@ def demo(
     if duration < 30 or replicas < 1 or rate <= 0 or window < 5:
         console.print("[red]error:[/] need --duration >= 30, --replicas >= 1, --rate > 0 and --window >= 5")
         raise typer.Exit(2)
+    try:
+        core_list = tuple(sorted({int(c) for c in cores.split(",") if c.strip()})) if cores else None
+    except ValueError:
+        console.print(f"[red]error:[/] --cores {cores!r}: give core numbers separated by commas, e.g. --cores 0,1")
+        raise typer.Exit(2)
     if model is None:
         from chunkpilot.engine.model_fetch import ModelFetchError, fetch
 
@@ -64,7 +76,7 @@ def demo(
             raise typer.Exit(2)
     config = DemoConfig(model=str(model), out=out, duration=duration, replicas=replicas, rate=rate, window=window,
                         ttft_slo=ttft_slo, itl_slo=itl_slo, size_to_host=size_to_host, probe_rounds=probe_rounds,
-                        check_seconds=check_seconds)
+                        check_seconds=check_seconds, sizing_seconds=sizing_seconds, force=force, cores=core_list)
     run = None
     interrupted = False
     stop = threading.Event()  # before start(): Ctrl-C during the sizing ends it too
@@ -91,7 +103,14 @@ def demo(
                     st = run.tuner.state
                     console.print(f"{time.monotonic() - t0:.0f}s: tuner {st.phase}, {st.trial} trials, {st.reason}")
             drive(run, on_tick=tick)
-    except (RuntimeError, TimeoutError, FileNotFoundError) as e:
+    except SizingStopped as e:
+        path = save_stopped(e.run, str(e)) if e.run is not None else None
+        # unwrapped (the terminal wraps it): each check's line stays one line, and a script can grep it
+        console.print(f"[red]stopped before the load:[/] {e}", highlight=False, soft_wrap=True)
+        if path:
+            console.print(f"what the sizing measured: {path}")
+        raise typer.Exit(1)
+    except (RuntimeError, TimeoutError, FileNotFoundError, ValueError) as e:
         console.print(f"[red]error:[/] {e}")
         if run is not None:
             shutdown(run)

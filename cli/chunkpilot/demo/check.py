@@ -18,6 +18,7 @@ from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
 from chunkpilot.loadgen.workloads import build_workload
 from chunkpilot.tuner import Knobs, PrometheusSource, StepModel, step_moments_query
 
+from chunkpilot.demo.host import Busy
 from chunkpilot.demo.sizing import COUNTED_QUANTILE, START_QUANTILE, Check
 
 CHECK_SECONDS = 40.0
@@ -31,6 +32,12 @@ def itl_p99(records, quantile: float) -> float | None:
     share of requests."""
     per_request = [float(np.percentile(r.itls, 99)) if r.ok else np.inf for r in records if r.itls or not r.ok]
     return float(np.quantile(per_request, quantile, method="higher")) if per_request else None
+
+
+def share_over(records, slo: float) -> float | None:
+    """The share of requests whose own ITL p99 broke `slo` (a failed request counts as over)."""
+    judged = [r for r in records if r.itls or not r.ok]
+    return sum(1 for r in judged if not r.ok or float(np.percentile(r.itls, 99)) > slo) / len(judged) if judged else None
 
 
 def measured_over_predicted(model: StepModel, terms: dict[str, float]) -> float | None:
@@ -63,15 +70,18 @@ class EngineCheck:
             records[group].extend(result.records)  # list.extend is atomic; joined before it is read
 
         t0 = time.monotonic()
+        busy = Busy()
         threads = [threading.Thread(target=one, args=(g, u), daemon=True) for g, us in self.groups.items() for u in us]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        others = busy.share()
         time.sleep(2.5)  # the last steps reach Prometheus
         terms = {s["metric"][m.STEP_COST_TERM_LABEL]: float(s["value"][1])
                  for s in self.source.query(step_moments_query(self.source.selector, time.monotonic() - t0 + 1))
                  if m.STEP_COST_TERM_LABEL in s["metric"]}
         return Check(knobs=knobs, itl_slo=config.itl_slo, counted_itl=itl_p99(records["tuned"], COUNTED_QUANTILE),
                      start_itl=itl_p99(records["fixed"], START_QUANTILE), predicted_itl=predicted_itl,
-                     contention=measured_over_predicted(self.model, terms))
+                     contention=measured_over_predicted(self.model, terms),
+                     start_over_share=share_over(records["fixed"], config.itl_slo), busy=others, rate=config.rate)

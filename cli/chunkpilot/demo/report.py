@@ -192,7 +192,22 @@ def summary_line(run: DemoRun) -> str:
     busy = getattr(run, "busy_contention", None)
     if busy:
         line += f"; the busy phase's steps took {busy:.2f}x the probe fit's prediction"
-    return line
+    host = host_line(run)
+    return line + (f"; {host}" if host else "")
+
+
+def host_line(run: DemoRun) -> str:
+    """How busy other programs kept the host in each phase (chunkpilot.demo.host), for the summary line."""
+    sizing = run.sizing
+    parts = []
+    if sizing is not None and sizing.probe_busy is not None:
+        parts.append(f"{sizing.probe_busy:.0%} in the probe")
+    checks = [c.busy for c in (sizing.checks if sizing else []) if c.busy is not None]
+    if checks:
+        parts.append(f"{'/'.join(f'{b:.0%}' for b in checks)} in the check{'s' * (len(checks) > 1)}")
+    if run.run_busy is not None:
+        parts.append(f"{run.run_busy:.0%} in the load")
+    return "other programs took " + ", ".join(parts) + " of the CPU" if parts else ""
 
 
 def figure(run: DemoRun, data: dict):

@@ -60,6 +60,9 @@ class DemoConfig:
     output_scale: float = 1.0  # every stream's output length against SHAPES (what the sizing chose)
     probe_rounds: int = 4  # at most this many rounds of the probe (chunkpilot.demo.probe)
     check_seconds: float = 40.0  # the measured check's length at the busiest rate (chunkpilot.demo.check)
+    sizing_seconds: float = 300.0  # the checks' time bound (chunkpilot.demo.sizing.size)
+    force: bool = False  # run the load even when the sizing did not pass its check
+    cores: tuple[int, ...] | None = None  # the cores the engines share out (None: this process's affinity)
 
     def shapes(self, rag_scale: float | None = None) -> dict[str, Shape]:
         scale = self.rag_scale if rag_scale is None else rag_scale
@@ -91,6 +94,7 @@ class DemoRun:
     sizing: object | None = None  # chunkpilot.demo.sizing.Sizing, when the load was sized to the host
     placement: dict[str, list[int]] = field(default_factory=dict)  # the cores each group's engines run on
     busy_contention: float | None = None  # the busy phase's steps against the probe fit (report.contention)
+    run_busy: float | None = None  # other programs' share of the CPU during the load (chunkpilot.demo.host)
 
 
 def _engine_args(config: DemoConfig, knobs_file: Path | None) -> list[str]:
@@ -108,7 +112,7 @@ def start(config: DemoConfig, say=print, stop: threading.Event | None = None) ->
     run.knobs_file = config.out / "knobs.json"
     run.knobs_file.unlink(missing_ok=True)
     try:
-        run.placement = placement()
+        run.placement = placement(config.cores)
         where = "; ".join(f"{g} on core{'s' * (len(c) > 1)} {','.join(map(str, c))}" for g, c in run.placement.items())
         say(f"starting {2 * config.replicas} engine processes (SmolLM2, CPU, {config.threads} thread each"
             f"{'; ' + where if where else '; one core: not pinned'})...")
@@ -127,8 +131,10 @@ def start(config: DemoConfig, say=print, stop: threading.Event | None = None) ->
             f"chunkpilot-{g}": [e.url.removeprefix("http://") for e in run.engines[g]] for g in GROUPS}).start()
         if config.size_to_host:
             config = run.config = _size(run, config, say)
-    except BaseException:
+    except BaseException as e:
         shutdown(run)  # a part that failed to start leaves none of the others running
+        if isinstance(e, SizingStopped):
+            e.run = run
         raise
     storage = config.out / "study.db"
     storage.unlink(missing_ok=True)  # each demo starts a fresh study
@@ -143,10 +149,23 @@ def start(config: DemoConfig, say=print, stop: threading.Event | None = None) ->
     return run
 
 
-def placement() -> dict[str, list[int]]:
-    """Each group's engines on half of this process's cores (none when there are fewer than two), so that one
-    group's steps do not slow the other's."""
-    cores = sorted(os.sched_getaffinity(0))
+class SizingStopped(RuntimeError):
+    """The sizing did not pass its check: the demo stops before its load (the message says why and what to do).
+    `run` is the stopped run (its processes already stopped), for save_stopped."""
+
+    def __init__(self, message: str, run: DemoRun | None = None) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+def placement(cores: tuple[int, ...] | None = None) -> dict[str, list[int]]:
+    """Each group's engines on half of `cores` (this process's affinity by default; none when there are fewer
+    than two), so that one group's steps do not slow the other's."""
+    usable = os.sched_getaffinity(0)
+    if cores is not None and not set(cores) <= usable:
+        raise ValueError(f"--cores {','.join(map(str, cores))}: this process may run only on cores "
+                         f"{','.join(map(str, sorted(usable)))}")
+    cores = sorted(usable if cores is None else set(cores))
     if len(cores) < 2:
         return {}
     half = len(cores) // 2
@@ -158,6 +177,7 @@ def _size(run: DemoRun, config: DemoConfig, say) -> DemoConfig:
     The tuned group is left at the start-up knobs, where the tuner starts."""
     from chunkpilot.demo import probe as probes
     from chunkpilot.demo.check import EngineCheck
+    from chunkpilot.demo.host import Busy
     from chunkpilot.demo.sizing import Sizing, size
     from chunkpilot.tuner import FileActuator, PrometheusSource
 
@@ -167,18 +187,27 @@ def _size(run: DemoRun, config: DemoConfig, say) -> DemoConfig:
     space = SearchSpace.from_bounds(KNOB_BOUNDS, KNOB_BOUNDS)
     say("probing the tuned group's engines (decode steps at 1, 4 and 16 sequences; prefill in 32-, 128- and "
         "512-token chunks and unchunked) until the step-time fit identifies every term...")
+    stopped = None
     try:
+        busy = Busy()
         model, rounds = probes.probe(runner, MAX_NUM_SEQS, config.start, KNOB_BOUNDS[1], say=say,
                                      max_rounds=config.probe_rounds)
+        probe_busy = busy.share()
         if model is None:
             say("the probe fitted no step-time model: keeping the configured lengths")
             return config
         terms = probes.describe(model, KNOB_BOUNDS[1], MAX_NUM_SEQS)
-        say(f"step-time fit after {rounds} round{'s' * (rounds != 1)} ({model.steps:.0f} steps): {terms}")
+        say(f"step-time fit after {rounds} round{'s' * (rounds != 1)} ({model.steps:.0f} steps): {terms}; other "
+            f"programs took {probe_busy:.0%} of the CPU meanwhile")
         check = EngineCheck({g: [e.url for e in run.engines[g]] for g in GROUPS}, runner.apply, run.prometheus.url,
                             model, seconds=config.check_seconds)
-        config, run.sizing = size(config, model, space, check, say=say,
-                                  sizing=Sizing(model=model, rounds=rounds, terms=terms))
+        config, run.sizing = size(config, model, space, check, say=say, bound=config.sizing_seconds,
+                                  sizing=Sizing(model=model, rounds=rounds, terms=terms, probe_busy=probe_busy))
+        if not run.sizing.passed:
+            if not config.force:
+                stopped = SizingStopped(run.sizing.stopped)
+            else:
+                say("the sizing did not pass; --force: the load runs anyway")
     except Exception as e:  # noqa: BLE001 - sizing is a refinement: the demo goes on with the configured load
         say(f"sizing failed ({type(e).__name__}: {e}): keeping the configured lengths")
         log.exception("sizing failed")
@@ -189,6 +218,8 @@ def _size(run: DemoRun, config: DemoConfig, say) -> DemoConfig:
             runner.apply(config.start, force=True)
         except Exception as e:  # noqa: BLE001 - said, and the tuner's own actuator writes the knobs again
             say(f"could not set the tuned group back to the start-up knobs ({type(e).__name__}: {e})")
+    if stopped is not None:
+        raise stopped
     return config
 
 
@@ -221,7 +252,10 @@ def _load_thread(run: DemoRun, group: str) -> threading.Thread:
 
 def drive(run: DemoRun, on_tick=None) -> None:
     """Send the load to both groups and let the tuner work until the workload ends or `run.stop` is set."""
+    from chunkpilot.demo.host import Busy
+
     run.started = time.time()
+    busy = Busy()
     loads = [_load_thread(run, g) for g in GROUPS]
 
     def tune() -> None:
@@ -239,6 +273,7 @@ def drive(run: DemoRun, on_tick=None) -> None:
         if on_tick:
             on_tick()
         time.sleep(1.0)
+    run.run_busy = busy.share()
     run.stop.set()
     tuner.join(30)
 
@@ -269,12 +304,24 @@ def summary(run: DemoRun) -> dict:
     return out
 
 
+def save_stopped(run: DemoRun, why: str) -> Path:
+    """demo.json for a demo the sizing stopped before its load: what it sized and measured, and why it stopped."""
+    doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(run.config).items()},
+           "stopped": why, "placement": run.placement,
+           "sizing": run.sizing.to_dict() if run.sizing is not None else None,
+           "pids": [e.proc.pid for es in run.engines.values() for e in es] +
+                   ([run.prometheus.proc.pid] if run.prometheus and run.prometheus.proc else [])}
+    path = run.config.out / "demo.json"
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    return path
+
+
 def save_json(run: DemoRun, extra: dict) -> Path:
     state = run.tuner.state if run.tuner else None
     doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(run.config).items()},
            "summary": summary(run), "placement": run.placement,
            "sizing": run.sizing.to_dict() if run.sizing is not None else None,
-           "busy_contention": run.busy_contention, "trials": state.history if state else [], "errors": run.errors,
+           "busy_contention": run.busy_contention, "run_busy": run.run_busy, "trials": state.history if state else [], "errors": run.errors,
            "pids": [e.proc.pid for es in run.engines.values() for e in es] +
                    ([run.prometheus.proc.pid] if run.prometheus and run.prometheus.proc else []), **extra}
     path = run.config.out / "demo.json"

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
+import time
 from dataclasses import dataclass, field, replace
 
 from chunkpilot.loadgen.workloads import build_workload
@@ -44,7 +46,22 @@ SCALES = tuple(round(1.0 - 0.05 * i, 2) for i in range(17))  # long prompts at 1
 # seconds)), and no further than OUTPUT_SCALES[-1]: the demo's requests stay chat-sized.
 STALLED_SHARE = 0.5
 OUTPUT_SCALES = (1.0, 1.25, 1.5, 1.75, 2.0)
-MAX_CHECKS = 3
+# The checks stop after this many seconds (a check that would end past it is not started) or MAX_CHECKS.
+SIZING_SECONDS = 300.0
+MAX_CHECKS = 8
+# A check during which other programs took more than this share of the machine's CPU time measured them: repeated.
+BUSY_SHARE = 0.1
+# What a resize leaves for the next check's noise: a measured figure 15 % worse still passes. (Three checks in a
+# row on one quiet host read the counted knobs' steps at 1.29x, 1.33x and 1.37x the probe's fit.)
+NOISE_ROOM = 0.15
+# A rate step by a measured ratio is at least 10 % (smaller is noise) and at most 2x (a failed request reads as
+# infinite); the search ends when the rates found too light and too heavy are within 10 % of each other.
+STEP_BOUNDS = (1.1, 2.0)
+MIN_BRACKET = 1.1
+# The learnt slowness of the probe's fit stays within these (a check that measured 10x measured something else);
+# a re-plan on it happens when it moved by more than MODEL_MOVED since the last plan.
+CONTENTION_BOUNDS = (0.5, 4.0)
+MODEL_MOVED = 0.1
 # What the check reads, as the demo's attainment judges a request: its own ITL p99. The counted knobs must keep
 # it for the request ranking at the tuned group's attainment target (90 %); the start-up knobs must break it for
 # the request ranking where the fixed group's attainment would leave the goodput target (1.25x) reachable by a
@@ -185,6 +202,9 @@ class Check:
     start_itl: float | None  # the fixed group's (start-up knobs) requests' ITL p99, at START_QUANTILE of them
     predicted_itl: float  # the sizing's prediction for `knobs` (upper bound)
     contention: float | None = None  # the tuned group's steps: measured seconds / the probe fit's prediction
+    start_over_share: float | None = None  # the fixed group's requests whose own ITL p99 broke the SLO
+    busy: float | None = None  # the share of the machine's CPU time other programs took meanwhile (demo.host)
+    rate: float | None = None  # the busiest rate it ran (requests/s per engine)
 
     @property
     def counted_ok(self) -> bool:
@@ -198,54 +218,121 @@ class Check:
     def ok(self) -> bool:
         return self.counted_ok and self.start_over
 
+    @property
+    def host_busy(self) -> bool:
+        return self.busy is not None and self.busy > BUSY_SHARE
+
     def line(self) -> str:
         def s(v):
             return f"{v:.2f} s" if v is not None else "no value"
         cont = f"; steps at {self.contention:.2f}x the probe fit's prediction" if self.contention else ""
+        busy = f"; other programs took {self.busy:.0%} of the CPU" if self.busy is not None else ""
         return (f"measured at the busiest rate (each request's ITL p99): {self.knobs.token_budget}/"
                 f"{self.knobs.max_chunk} {COUNTED_QUANTILE:.0%} of requests within "
                 f"{s(self.counted_itl)} (predicted {self.predicted_itl:.2f} s, must be <= {CHECK_SHARE:g} x "
                 f"{self.itl_slo:g} s), start-up knobs {1 - START_QUANTILE:.0%} of requests over "
-                f"{s(self.start_itl)} (must be over the SLO){cont}")
+                f"{s(self.start_itl)} (must be over the SLO){cont}{busy}")
 
 
 @dataclass(frozen=True)
 class Resize:
-    """What the next check runs after a failed one: a re-plan of `config` on `model`, or, with `knobs`, those knobs
-    checked again at `config` as it is (only its SLO moved)."""
+    """What the next check runs after a failed one: a re-plan at `rate` times the configured busiest rate on the
+    probe's fit slowed `scale` times, or, with `knobs`, those knobs checked again at `config` as it is."""
 
-    model: StepModel
-    config: object
+    why: str
+    scale: float = 1.0
+    rate: float = 1.0
+    config: object = None
     knobs: Knobs | None = None
-    why: str = ""
 
 
-def next_plan(check: Check, model: StepModel, base, sized=None) -> Resize | None:
-    """How to resize after a failed check (`base`: what plan() sized from, `sized`: what it sized):
-    - the counted knobs kept the SLO but not the check's room under it (CHECK_SHARE): the SLO is widened to give
-      them that room, as itl_slo() gives the smallest knobs theirs, if the start-up knobs still break the widened
-      SLO; the load and the knobs stay (the prediction was near, the measurement decides);
-    - the counted knobs broke the SLO itself: the model is slowed by what was measured and the load re-planned;
-    - the start-up knobs kept the SLO for too many requests: a quarter more requests a second (more streams meet
-      a long prompt), re-planned;
-    - None when nothing was measured to resize from. MAX_CHECKS bounds how far it goes."""
-    sized = base if sized is None else sized
-    if not check.counted_ok:
-        if check.counted_itl is None:
-            return None
-        widened = math.ceil(20 * check.counted_itl / CHECK_SHARE - 1e-9) / 20  # in 0.05 s, as itl_slo()
-        if check.counted_itl <= check.itl_slo and check.start_itl is not None and check.start_itl > widened:
-            return Resize(model, replace(sized, itl_slo=widened), check.knobs,
-                          f"the counted knobs kept the SLO without its room: ITL SLO {check.itl_slo:g} -> "
-                          f"{widened:g} s, same load")
-        # at least a tenth slower (the check failed), at most 4x per resize (a failed request reads as infinite)
-        slower = min(4.0, max(1.1, check.counted_itl / max(1e-9, check.predicted_itl)))
-        return Resize(slow(model, slower), base, why=f"the counted knobs broke the SLO: the model {slower:.2f}x "
-                                                     "slower, the load re-planned")
-    if check.start_itl is None:
+@dataclass
+class Search:
+    """Where the sizing stands between checks: the probe fit's slowness it plans on (learnt from every check's
+    steps), the rate multiplier it plans at, and the multipliers found too heavy and too light so far (the next
+    one is bracketed between them)."""
+
+    scale: float = 1.0
+    rate: float = 1.0
+    too_light: float = 0.0  # the largest rate multiplier whose load the start-up knobs kept
+    too_heavy: float = math.inf  # the smallest one whose load the counted knobs broke
+    contentions: list[float] = field(default_factory=list)
+
+    def learnt_scale(self) -> float:
+        """The median of every quiet check's measured contention (a transient moves a median little), within
+        CONTENTION_BOUNDS; 1 (the probe fit as it is) before any."""
+        if not self.contentions:
+            return 1.0
+        lo, hi = CONTENTION_BOUNDS
+        return min(hi, max(lo, statistics.median(self.contentions)))
+
+
+def slo_between(check: Check, floor: float) -> float | None:
+    """An ITL SLO at which the measured figures say this very load passes: the counted knobs' figure with its
+    room (CHECK_SHARE) and NOISE_ROOM more, at least `floor` (what was asked for), in 0.05 s, and still under the
+    start-up knobs' figure by NOISE_ROOM; None when no SLO fits between them."""
+    if check.counted_itl is None or check.start_itl is None or not math.isfinite(check.counted_itl):
         return None
-    return Resize(model, replace(base, rate=round(base.rate * RATE_UPS[1], 3)),
-                  why="the start-up knobs kept the SLO: a quarter more requests a second, re-planned")
+    slo = max(floor, math.ceil(20 * check.counted_itl * (1 + NOISE_ROOM) / CHECK_SHARE - 1e-9) / 20)
+    return slo if slo * (1 + NOISE_ROOM) < check.start_itl else None
+
+
+def light_ratio(check: Check) -> float:
+    """How many times more requests a second would have a quarter of the start-up knobs' requests break the SLO
+    (with NOISE_ROOM), from the share that did: streams meet a long prompt as a Poisson process, so the share
+    over is 1 - exp(-c x rate) and the rate needed scales as log(1 - target) / log(1 - measured)."""
+    target = min(0.9, (1 - START_QUANTILE) * (1 + NOISE_ROOM))
+    share = check.start_over_share
+    if share is None or share <= 0:
+        return STEP_BOUNDS[1]
+    return min(STEP_BOUNDS[1], max(STEP_BOUNDS[0], math.log(1 - target) / math.log(1 - min(share, 0.99))))
+
+
+def heavy_ratio(check: Check) -> float:
+    """How many times the counted knobs' measured figure exceeds what the check asks (CHECK_SHARE of the SLO)."""
+    over = (check.counted_itl or math.inf) / (CHECK_SHARE * check.itl_slo)
+    return min(STEP_BOUNDS[1], max(STEP_BOUNDS[0], over))
+
+
+def next_plan(check: Check, search: Search, floor: float, config) -> Resize | None:
+    """How to resize after a failed check taken on a quiet host (`floor`: the SLO asked for; `config`: what was
+    checked). `search` is updated with what the check measured. None: nothing to resize from, or the bracket
+    closed (no rate between one too light and one too heavy). In order:
+    1. the probe fit's slowness is learnt again from every quiet check's steps (their median contention);
+    2. where an SLO fits between the two groups' measured figures, the same load and knobs are checked at it
+       (this moves the SLO up for counted knobs that missed their room, and down for start-up knobs that kept a
+       wider one: only a load change can help either otherwise);
+    3. otherwise the rate moves by the measured ratio (down by how far the counted knobs were over, up by how
+       many more requests a second put a quarter of the start-up knobs' requests over the SLO), kept inside the
+       bracket of rates already found too light and too heavy: bisected (geometric) when the step leaves it.
+       A re-plan also takes the learnt slowness, so a model that moved re-plans at the same rate first."""
+    if check.counted_itl is None or check.start_itl is None:
+        return None
+    if check.contention is not None and math.isfinite(check.contention):
+        search.contentions.append(check.contention)
+    learnt = search.learnt_scale()
+    slo = slo_between(check, floor)
+    if slo is not None:
+        return Resize(f"an ITL SLO of {slo:g} s lies between the measured figures: {check.itl_slo:g} -> {slo:g} s, "
+                      "same load and knobs", search.scale, search.rate, replace(config, itl_slo=slo), check.knobs)
+    heavy = not check.counted_ok
+    if heavy:
+        search.too_heavy = min(search.too_heavy, search.rate)
+    else:
+        search.too_light = max(search.too_light, search.rate)
+    if search.too_heavy / max(search.too_light, 1e-9) < MIN_BRACKET:
+        return None
+    moved = abs(learnt / search.scale - 1) > MODEL_MOVED
+    rate = search.rate
+    if not moved:
+        rate = rate / heavy_ratio(check) if heavy else rate * light_ratio(check)
+        if not search.too_light < rate < search.too_heavy:  # only when both sides are known: bisect
+            rate = math.sqrt(search.too_light * search.too_heavy)
+    why = (f"the counted knobs over {CHECK_SHARE:g} x the SLO" if heavy else "the start-up knobs kept the SLO")
+    how = (f"the probe fit {learnt:.2f}x slower (the checks' median contention), re-planned at the same rate"
+           if moved else f"the busiest rate x{rate / search.rate:.2f}, re-planned")
+    search.scale, search.rate = learnt, rate
+    return Resize(f"{why}: {how}", learnt, rate)
 
 
 def slow(model: StepModel, factor: float) -> StepModel:
@@ -265,6 +352,11 @@ class Sizing:
     terms: str = ""
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    passed: bool = False
+    probe_busy: float | None = None  # other programs' share of the CPU during the probe (demo.host)
+    scale: float = 1.0  # how much slower than the probe's fit the last plan judged the engines (learnt)
+    seconds: float = 0.0  # how long the checks took
+    stopped: str = ""  # why the demo stops before the load (empty: it goes on)
 
     def to_dict(self) -> dict:
         """JSON-ready: an unbounded interval end or a failed request's infinite ITL is null (JSON has no Infinity)."""
@@ -272,7 +364,9 @@ class Sizing:
 
         def finite(v):
             return v if not isinstance(v, float) or math.isfinite(v) else None
-        return {"rounds": self.rounds, "terms": self.terms, "notes": self.notes,
+        return {"rounds": self.rounds, "terms": self.terms, "notes": self.notes, "passed": self.passed,
+                "probe_busy": self.probe_busy, "scale": self.scale, "seconds": self.seconds,
+                "stopped": self.stopped,
                 "coefficients": m.coefficients if m else None,
                 "intervals": {f: [finite(t.low), finite(t.high)] for f, t in m.identification().items()} if m else None,
                 "statuses": {f: t.status for f, t in m.identification().items()} if m else None,
@@ -280,37 +374,81 @@ class Sizing:
                             "knobs": [c.knobs.token_budget, c.knobs.max_chunk], "ok": c.ok} for c in self.checks]}
 
 
-def size(config, model: StepModel, space: SearchSpace, measure, say=print, sizing: Sizing | None = None):
+def stop_message(sizing: Sizing, bound: float) -> str:
+    """Why the demo stops before its load, what was measured, and what to do."""
+    checks = sizing.checks
+    busy = [c.busy for c in checks if c.busy is not None]
+    lines = [f"the sizing did not pass its measured check within its bound ({len(checks)} check"
+             f"{'s' * (len(checks) != 1)} in {sizing.seconds:.0f} s; none starts that would end past "
+             f"{bound:.0f} s); the demo stops before its load, since a run sized like this could not show a "
+             "difference between the groups."]
+    lines += [f"  check {i}: {c.line()}" for i, c in enumerate(checks, 1)]
+    if busy and max(busy) > BUSY_SHARE:
+        lines.append(f"  other programs took up to {max(busy):.0%} of this machine's CPU during the checks: the "
+                     "engines' step times measured them, not the engines. Close them and run the demo again, or give "
+                     "the demo cores nothing else uses (--cores).")
+    else:
+        lines.append("  on this machine now, no load the sizing can reach has the start-up knobs break the ITL SLO "
+                     "while the tuner's knobs keep it. Try an ITL SLO of your own (--itl-slo), other cores "
+                     "(--cores), or a quieter moment.")
+    lines.append("  --force runs the load anyway.")
+    return "\n".join(lines)
+
+
+def size(config, model: StepModel, space: SearchSpace, measure, say=print, sizing: Sizing | None = None,
+         bound: float = SIZING_SECONDS, clock=time.monotonic):
     """Plan on the probe's `model`, check by `measure(config, knobs, predicted_itl) -> Check`, resize from what
-    was measured until the check passes (at most MAX_CHECKS). Returns the sized config and what it did."""
+    was measured (`next_plan`) until the check passes, for at most `bound` seconds of checks (a check is not
+    started that would end past it) and MAX_CHECKS. A check taken while other programs used the host (BUSY_SHARE)
+    is repeated, not resized on. Returns the sized config and what it did (`sizing.passed`; `sizing.stopped`
+    says why not)."""
     sizing = sizing or Sizing(model=model)
-    base, resize = config, None
+    probe_model, search, base = model, Search(), config
+    t0 = clock()
+    resize = None
     for attempt in range(1, MAX_CHECKS + 1):
+        if clock() - t0 + config.check_seconds > bound and sizing.checks:
+            break
         if resize is not None and resize.knobs is not None:
             config, knobs = resize.config, resize.knobs
         else:
-            config, knobs = plan(base, model, space)
+            config, knobs = plan(replace(base, rate=round(base.rate * search.rate, 3)), slow(probe_model, search.scale),
+                                 space)
         if knobs is None:
             sizing.notes.append("no knobs are predicted to keep the ITL SLO at the smallest long prompts")
             say("sizing: no knobs are predicted to keep the ITL SLO even at the smallest long prompts")
-            return config, sizing
-        load = busy_load(config, config.rag_scale, model.upper(), space)
-        predicted = predict(model.upper(), knobs, load).itl_p99
-        say(f"sizing {attempt}: {config.rate:g} req/s at the busiest, ITL SLO {config.itl_slo:g} s, outputs {config.output_scale:g}x, long prompts at "
-            f"{config.rag_scale:.0%}; counting on {knobs.token_budget}/{knobs.max_chunk} (predicted ITL p99 "
-            f"{predicted:.2f} s); checking at the busiest rate...")
+            if not sizing.checks:  # else what the checks measured says more (stop_message below)
+                sizing.stopped = ("no knobs are predicted to keep the ITL SLO even at the smallest long prompts: "
+                                  "this machine is too slow now for the demo at any load the sizing can size "
+                                  "(--itl-slo sets a wider SLO; --force runs anyway)")
+            break
+        judged = slow(probe_model, search.scale).upper()
+        predicted = predict(judged, knobs, busy_load(config, config.rag_scale, judged, space)).itl_p99
+        say(f"sizing {attempt}: {config.rate:g} req/s at the busiest, ITL SLO {config.itl_slo:g} s, outputs "
+            f"{config.output_scale:g}x, long prompts at {config.rag_scale:.0%}"
+            f"{f', the probe fit judged {search.scale:.2f}x slower' if search.scale != 1 else ''}; counting on "
+            f"{knobs.token_budget}/{knobs.max_chunk} (predicted ITL p99 {predicted:.2f} s); checking at the "
+            "busiest rate...")
         check = measure(config, knobs, predicted)
         sizing.checks.append(check)
+        sizing.seconds = clock() - t0
         say(check.line())
+        if check.host_busy:
+            resize = Resize("busy host", search.scale, search.rate, config, knobs)
+            say(f"other programs took {check.busy:.0%} of the CPU during the check (over {BUSY_SHARE:.0%}): "
+                "checking the same load again, not resizing on it")
+            continue
         if check.ok:
+            sizing.passed, sizing.scale = True, search.scale
             return config, sizing
-        # the next plan keeps what this one sized from, with the SLO and rate it got to
-        resize = next_plan(check, model, replace(base, itl_slo=config.itl_slo, rate=config.rate), config)
+        resize = next_plan(check, search, base.itl_slo, config)
         if resize is None:
-            sizing.notes.append("the check cannot be met by resizing: " + check.line())
-            say("the check measured nothing to resize from: the demo goes on as sized")
-            return config, sizing
+            sizing.notes.append("nothing to resize from: " + check.line())
+            say("no load left between one too light and one too heavy: nothing to resize to")
+            break
         say(f"resizing: {resize.why}")
-        model, base = resize.model, (base if resize.knobs is not None else resize.config)
-    sizing.notes.append(f"the check did not pass in {MAX_CHECKS} tries; the demo goes on with the last sizing")
+    sizing.scale = search.scale
+    if not sizing.stopped:
+        sizing.stopped = stop_message(sizing, bound)
+    sizing.notes.append(f"the check did not pass in {len(sizing.checks)} checks, {sizing.seconds:.0f} s")
     return config, sizing
