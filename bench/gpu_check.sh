@@ -39,6 +39,14 @@ else
     echo "pytest is not installed for $PY: the gpu tests did not run" | tee -a "$LOG"
 fi
 pack
+# weight-only fp8 against bfloat16 on the same model (issue 39): decode ms/token, prefill, batch 16, weights, the
+# perplexity ratio (on random weights, what fp8's rounding moves, not a language model's quality)
+if [ "$DEVICE" = cuda ]; then
+    "$PY" bench/quantization.py --device cuda --methods fp8 --model "$CHUNKPILOT_BENCH_MODEL" 2>&1 | tee -a "$LOG"
+    pack
+fi
+# GPU_CHECK_ONLY=quantization stops here (a session whose device time is short, with a GPU for that issue)
+[ "${GPU_CHECK_ONLY:-}" = quantization ] && exit 0
 for b in "chunk_overhead --tokens 8192 --chunk 512" "roofline --prefill-tokens 4096" \
          "stall --chat 32 --long 8 --long-tokens 4096 --budget 256,512" "vs_transformers --batch-sizes 8,16,32,64"; do
     "$PY" bench/${b%% *}.py ${b#* } --device "$DEVICE" --dtype "$DTYPE" 2>&1 | tee -a "$LOG"

@@ -386,6 +386,36 @@ def controllers_scale(d: dict) -> list[str]:
                       f"status writes (a fresh read of the resource and its children) and its resync."]
 
 
+def quantization(d: dict) -> list[str]:
+    rows = [[r["method"], f"{r['decode_ms_per_token']:.1f} ms (**{times(r['decode_speedup'])}**)",
+             f"{r['prefill_512_s']:.2f} s ({times(r['prefill_speedup'])})", f"{r['batch16_tokens_per_s']:.0f}",
+             f"{r['weight_bytes'] / 2**20:.0f} MiB ({pct(r['weights_ratio'])})",
+             f"{r['perplexity']:.3f} (**{r['perplexity_ratio']:.4f}×**)", pct(r["greedy_agreement"])]
+            for r in d["rows"]]
+    peer = d.get("llama_cpp")
+    if peer:
+        rows.append([peer["method"], f"{peer['decode_ms_per_token']:.1f} ms", "—", "—", "—", "—", "—"])
+    out = table(["weights", "batch-1 decode, ms/token (vs float32)", "512-token prefill", "batch 16, tokens/s",
+                 "weights held", "perplexity (vs float32)", "greedy agreement with float32"], rows)
+    by = {r["method"]: r for r in d["rows"]}
+    notes = []
+    if "int8" in by:
+        notes.append(f"int8 decode {times(by['int8']['decode_speedup'])} float32's (target ≥ 2×: "
+                     f"{verdict(by['int8']['decode_speedup'] >= 2)}), perplexity "
+                     f"{pct(by['int8']['perplexity_ratio'] - 1, 2)} higher (target ≤ 2 %: "
+                     f"{verdict(by['int8']['perplexity_ratio'] <= 1.02)})")
+    if "int4" in by:
+        notes.append(f"int4 perplexity {pct(by['int4']['perplexity_ratio'] - 1, 2)} higher (target ≤ 8 %: "
+                     f"{verdict(by['int4']['perplexity_ratio'] <= 1.08)})" + (
+                         f", decode {by['int4']['decode_ms_per_token']:.1f} against llama.cpp's "
+                         f"{peer['decode_ms_per_token']:.1f} ms/token (target at or below: "
+                         f"{verdict(by['int4']['decode_ms_per_token'] <= peer['decode_ms_per_token'])})" if peer else
+                         ", llama.cpp not measured in this run (llama-cpp-python not installed)"))
+    slower = [m for m, r in by.items() if r["prefill_speedup"] < 1]
+    notes.append("prefill no slower than float32: " + verdict(not slower))
+    return out + ["", "; ".join(notes) + "."]
+
+
 @dataclass(frozen=True)
 class Section:
     name: str  # bench/results/NAME.json (and NAME.png)
@@ -408,6 +438,7 @@ SECTIONS = (
             _tuner_scenarios),
     Section("autoscale", "Replicas as the last knob, on a 1 → 3 → 1 ramp (simulator)",
             "python bench/autoscale.py --seeds 3", autoscale),
+    Section("quantization", "Weight-only quantization", "python bench/quantization.py", quantization),
     Section("predictor_vs_sim", "The step-time predictor against the simulator", "python bench/predictor_vs_sim.py",
             predictor_vs_sim),
     Section("sim_accuracy", "The simulator against the real server", "python bench/sim_accuracy.py", sim_accuracy),

@@ -32,9 +32,11 @@ def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
     # 12-s windows: at the ~0.6 completions/s these two CPU engines manage, an 8-s window held fewer than the
     # demo's 5 requests about half the time, and a run once had nothing but thin windows (seen in CI).
     # the sizing runs for real, kept short: one probe round and 10-s checks for at most 30 s; --force: this test is
-    # about every part working, whatever the check on a busy test machine says (test_demo_stops_... is its own)
+    # about every part working, whatever the check on a busy test machine says (test_a_sizing_that_cannot_pass_...
+    # is its own). The engines quantize their weights to int8 (issue 39): the probe fits their step cost and the
+    # tuner applies knobs as with float32 weights (the float32 path runs in the other two demo tests).
     proc = demo(tmp_path, "--duration", "90", "--rate", "0.8", "--window", "12", "--probe-rounds", "1",
-                "--check-seconds", "10", "--sizing-seconds", "30", "--force")
+                "--check-seconds", "10", "--sizing-seconds", "30", "--force", "--quantization", "int8")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     assert "SLO attainment: tuned" in out and "best fixed knobs in hindsight" in out
@@ -53,6 +55,13 @@ def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
     assert sizing["checks"] and all(c["counted_itl"] is not None and c["start_itl"] is not None
                                     for c in sizing["checks"]), sizing
     assert "before the load" in out and "measured at the busiest rate" in out
+    # int8 engines (both groups get the flag), and the probe's fit has a positive cost per prompt token and per
+    # decoding sequence on them
+    from chunkpilot.demo.run import DemoConfig, _engine_args
+    assert doc["config"]["quantization"] == "int8"
+    assert "--quantization int8" in " ".join(_engine_args(DemoConfig(model="m", out=tmp_path, quantization="int8"),
+                                                          None))
+    assert sizing["coefficients"]["prefill_tokens"] > 0 and sizing["coefficients"]["decode_seqs"] > 0, sizing
     # each group on its own cores where there are two or more
     assert set(doc["placement"]) == ({"tuned", "fixed"} if len(os.sched_getaffinity(0)) >= 2 else set())
     if doc["placement"]:

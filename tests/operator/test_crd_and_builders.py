@@ -131,6 +131,33 @@ def test_the_crd_and_the_tuner_share_one_autoscaling_rule(tuning, scaling):
     assert failed <= {AUTOSCALING_RULE_MESSAGE}
 
 
+@pytest.mark.parametrize("method", ["none", "int8", "int4", "fp8"])
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_quantization_fits_the_device_in_the_crd_and_in_the_operator_alike(method, gpus):
+    """int8 and int4 run on the CPU, fp8 on GPUs: the CEL rule and the operator's parse agree on every pair, and an
+    admitted method reaches the engine as CHUNKPILOT_QUANTIZATION."""
+    from pydantic import ValidationError
+
+    from chunkpilot.api.types import QUANTIZATION_RULE_MESSAGE
+
+    spec = yaml.safe_load(SMOL.read_text())["spec"]
+    spec["model"]["quantization"] = method
+    spec.setdefault("engine", {}).setdefault("resources", {})["gpus"] = gpus
+    failed = {m for r, m, v, _ in _cel_rules(openapi_schema()["properties"]["spec"], spec) if not _cel_ok(r, v)}
+    fits = method == "none" or (gpus > 0) == (method == "fp8")
+    assert (QUANTIZATION_RULE_MESSAGE in failed) == (not fits)
+    doc = yaml.safe_load(SMOL.read_text())
+    doc["spec"] = spec
+    if not fits:
+        with pytest.raises(ValidationError, match="run on the CPU"):
+            InferenceDeployment.model_validate(doc)
+        return
+    env = {e["name"]: e.get("value") for e in b.engine_env(InferenceDeployment.model_validate(doc), "/models")}
+    assert env.get("CHUNKPILOT_QUANTIZATION") == (None if method == "none" else method)
+    # and the engine option is the operator's: a spec cannot set it past the field
+    assert "is set by the operator" in b.rules.arg_refusal("--quantization=int8")
+
+
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_rendered_objects_pass_kubernetes_schemas(sample, version):

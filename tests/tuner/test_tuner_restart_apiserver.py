@@ -176,3 +176,81 @@ def test_a_read_only_study_storage_is_named_in_the_status_and_nothing_moves(admi
         stopped.set()
         tuner.join(30)
     assert not tuner.is_alive()
+
+
+@pytest.fixture
+def small_volume(tmp_path):
+    """A real filesystem of 4 MiB (tmpfs) to hold a study, so that it can really fill up. Mounting needs root, as
+    the local cluster's kubelet does."""
+    import os
+    import subprocess
+
+    mnt = tmp_path / "study-volume"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        why = f"a 4-MiB tmpfs could not be mounted (run as root, as the cluster tests do): {done.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(volume) -> int:
+    """Write zeros into `volume` until the filesystem refuses (ENOSPC); the bytes written."""
+    import errno
+
+    written = 0
+    with open(volume / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                written += f.write(b"\0" * 65536)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+    return written
+
+
+def test_a_full_study_volume_is_named_in_the_status_and_the_tuner_goes_on_when_there_is_room(
+        admin, chart_accounts, small_volume, monkeypatch):
+    """The study's SQLite file on a real filesystem that fills up while the tuner runs: its next write fails with
+    SQLite's "database or disk is full", the tuner reports Tuning=False (StudyStorageUnavailable) and one Warning
+    Event, keeps the knobs and retries; once there is room it records trials again, the earlier ones intact and
+    none counted twice."""
+    name = "fulldisk"
+    admin.create(sample(name, NS, tuning__maxTrials=12))
+    storage = f"sqlite:///{small_volume / 'study.db'}"
+    run_tuner(chart_accounts, admin, name, storage, monkeypatch, stop_after=3)  # a study with trials
+    earlier = told(storage, name, admin)
+    before = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments",
+                                                       name)["status"]["scheduler"]
+    assert len(earlier) >= 2 and fill(small_volume) > 0
+
+    def tuning() -> tuple[dict, dict]:
+        st = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments",
+                                                       name)["status"]
+        return st, next((c for c in st.get("conditions") or [] if c["type"] == "Tuning"), {})
+
+    stopped, events = threading.Event(), []
+    tuner = threading.Thread(target=run_tuner, args=(chart_accounts, admin, name, storage, monkeypatch),
+                             kwargs={"stopped": stopped, "events": events, "stop_after": 6}, daemon=True)
+    tuner.start()
+    try:
+        assert wait_for(lambda: tuning()[1].get("reason") == "StudyStorageUnavailable", 30, poll=0.2), tuning()
+        st, cond = tuning()
+        assert cond["status"] == "False" and "database or disk is full" in cond["message"], cond
+        assert st["scheduler"] == before  # nothing moved while the study could not record it
+        time.sleep(1)  # several retries: said once while it lasts
+        assert [r for _, r, _ in events].count("StudyStorageUnavailable") == 1, events
+        (small_volume / "filler").unlink()  # room again
+        tuner.join(60)  # stop_after: it measures three more windows and stops
+        assert not tuner.is_alive()
+    finally:
+        stopped.set()
+        tuner.join(30)
+    assert tuning()[1].get("reason") != "StudyStorageUnavailable", tuning()
+    after = told(storage, name, admin)
+    assert after[:len(earlier)] == earlier and len(after) > len(earlier), (earlier, after)

@@ -37,6 +37,9 @@ def demo(
                                                               "before its load (see --force)."),
     force: bool = typer.Option(False, help="Run the load even when the sizing's check did not pass (its figures "
                                            "then say less)."),
+    quantization: Optional[str] = typer.Option(None, help="Both groups' engines quantize their weights at load "
+                                                          "time: int8 or int4 (see `chunkpilot engine serve "
+                                                          "--help`)."),
     cores: Optional[str] = typer.Option(None, help="Comma-separated CPU cores for the engines, shared out half "
                                                    "to each group (default: every core this process may use)."),
 ) -> None:
@@ -76,7 +79,8 @@ def demo(
             raise typer.Exit(2)
     config = DemoConfig(model=str(model), out=out, duration=duration, replicas=replicas, rate=rate, window=window,
                         ttft_slo=ttft_slo, itl_slo=itl_slo, size_to_host=size_to_host, probe_rounds=probe_rounds,
-                        check_seconds=check_seconds, sizing_seconds=sizing_seconds, force=force, cores=core_list)
+                        check_seconds=check_seconds, sizing_seconds=sizing_seconds, force=force, cores=core_list,
+                        quantization=quantization)
     run = None
     interrupted = False
     stop = threading.Event()  # before start(): Ctrl-C during the sizing ends it too

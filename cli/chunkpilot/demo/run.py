@@ -63,6 +63,7 @@ class DemoConfig:
     sizing_seconds: float = 300.0  # the checks' time bound (chunkpilot.demo.sizing.size)
     force: bool = False  # run the load even when the sizing did not pass its check
     cores: tuple[int, ...] | None = None  # the cores the engines share out (None: this process's affinity)
+    quantization: str | None = None  # both groups' engines' --quantization (chunkpilot.engine.quantization)
 
     def shapes(self, rag_scale: float | None = None) -> dict[str, Shape]:
         scale = self.rag_scale if rag_scale is None else rag_scale
@@ -101,6 +102,8 @@ def _engine_args(config: DemoConfig, knobs_file: Path | None) -> list[str]:
     args = ["--threads", str(config.threads), "--max-model-len", "2048", "--kv-cache-memory-gb", "0.5",
             "--max-num-seqs", str(MAX_NUM_SEQS), "--token-budget", str(config.start.token_budget),
             "--max-chunk", str(config.start.max_chunk), "--no-enable-prefix-caching"]
+    if config.quantization:
+        args += ["--quantization", config.quantization]
     return args + (["--knobs-file", str(knobs_file)] if knobs_file else [])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import Knobs, SchedulerKnobs
@@ -41,6 +41,10 @@ class ModelSpec(_Model):
         "auto", description="Weights and KV-cache dtype; auto = the checkpoint's dtype on GPUs.")
     max_model_len: int | None = Field(None, alias="maxModelLen", ge=16, le=1_048_576,
                                       description="Prompt plus output limit in tokens; default: the model's own.")
+    quantization: Literal["none", "int8", "int4", "fp8"] = Field(
+        "none", description="Weight-only quantization of the linear layers at load time (the engine's "
+                            "--quantization): int8 (per channel) or int4 (groups of 32) on the CPU (resources.gpus "
+                            "0), fp8 on Hopper GPUs. The pod refuses to start on a method its device cannot run.")
     cache_claim: str | None = Field(
         None, alias="cacheClaim", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="hf:// only: a PersistentVolumeClaim (ReadWriteMany for more than one replica) to download "
@@ -211,9 +215,18 @@ class MonitoringSpec(_Model):
                                   description="Create a Prometheus Operator ServiceMonitor (when its CRD exists).")
 
 
+# Which device each quantization method runs on (chunkpilot.engine.quantization): one rule for the CRD's CEL and
+# the Python check below (objects stored before the rule, and the operator's own parse).
+QUANTIZATION_RULE_MESSAGE = ("model.quantization int8 and int4 run on the CPU (engine.resources.gpus 0) and fp8 on "
+                             "Hopper GPUs (engine.resources.gpus 1 or more): change one of them, or set it to none")
+QUANTIZATION_RULE = ("!has(self.model.quantization) || self.model.quantization == 'none' || "
+                     "((has(self.engine) && has(self.engine.resources) && has(self.engine.resources.gpus) ? "
+                     "self.engine.resources.gpus : 1) > 0) == (self.model.quantization == 'fp8')")
+
+
 class InferenceDeploymentSpec(_Model):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
-        (AUTOSCALING_RULE, AUTOSCALING_RULE_MESSAGE)))
+        (AUTOSCALING_RULE, AUTOSCALING_RULE_MESSAGE), (QUANTIZATION_RULE, QUANTIZATION_RULE_MESSAGE)))
 
     replicas: int = Field(1, ge=0, le=1000, description="Engine pods.")
     model: ModelSpec = Field(..., description="The model to serve.")
@@ -224,6 +237,13 @@ class InferenceDeploymentSpec(_Model):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec,
                                          description="Replicas as the tuner's last knob (needs tuning.mode auto).")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus integration.")
+
+    @model_validator(mode="after")
+    def _quantization_fits_the_device(self) -> "InferenceDeploymentSpec":
+        q = self.model.quantization
+        if q != "none" and (self.engine.resources.gpus > 0) != (q == "fp8"):
+            raise ValueError(QUANTIZATION_RULE_MESSAGE)
+        return self
 
 
 def knob_refusal(spec: InferenceDeploymentSpec) -> str:

@@ -8,6 +8,7 @@ from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import SchedulerKnobs
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+QUANTIZATION_METHODS = ("int8", "int4", "fp8")  # chunkpilot.engine.quantization.METHODS, without importing torch
 
 
 @dataclass
@@ -36,6 +37,8 @@ class EngineConfig:
     # (longer than the slowest step), and how long the ranks may take to load their weights and meet.
     tensor_parallel_timeout: float = 120.0
     tensor_parallel_join_timeout: float = 1800.0
+    # Weight-only quantization of the linear layers at load time (quantization.py): int8 | int4 (CPU) | fp8 (CUDA)
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -53,6 +56,11 @@ class EngineConfig:
         # the knobs' own rules (the chunk within the budget, a budget token for every running sequence): the
         # contract's one validation, the same the knobs file and the operator's spec go through
         SchedulerKnobs(self.token_budget, self.max_chunk).validated(min_token_budget=self.max_num_seqs)
+        if self.quantization in ("none", ""):
+            self.quantization = None
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} or none, got "
+                             f"{self.quantization!r}")
         if self.attention_backend not in ("auto", "sdpa", "varlen"):
             raise ValueError(f"attention_backend must be auto, sdpa or varlen, got {self.attention_backend!r}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:

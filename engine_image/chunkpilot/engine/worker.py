@@ -23,6 +23,7 @@ from chunkpilot.engine.sampler import Sampler
 from chunkpilot.engine.tp_group import TPGroup
 from chunkpilot.engine.tp_shard import shard_of
 from chunkpilot.engine.weights import load_weights
+from chunkpilot.engine import quantization
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class Worker:
             torch.cuda.set_device(self.device)
             configure_cuda_sdpa()
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
+        quantization.check(config.quantization, self.device)  # before any weight loads
         self.max_model_len = resolve_max_model_len(config, model_config)
         self.shard = shard_of(model_config, group.rank, group.world)
         self.model = self._load_model()
@@ -114,6 +116,10 @@ class Worker:
         if self.model_config.tie_word_embeddings:  # to_empty makes new tensors: tie them again
             model.lm_head.weight = model.embed_tokens.weight
         load_weights(model, self.config.model)
+        self.quantized = q = quantization.quantize(model, self.config.quantization)
+        if q is not None:
+            log.info("quantized %d linear layers to %s: their weights %.0f MiB -> %.0f MiB", q.layers, q.method,
+                     q.bytes_before / 2**20, q.bytes_after / 2**20)
         return model.eval()
 
     def _local_num_blocks(self) -> int:
@@ -141,4 +147,5 @@ class Worker:
 
 
 def _param_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())  # a tied head is counted once
+    # a tied head is counted once; a quantized layer's weights are buffers
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])

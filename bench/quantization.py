@@ -1,0 +1,146 @@
+"""Weight-only quantization, side by side in one run on the same threads: float32, int8 and int4 (and fp8 on a
+CUDA device), against llama.cpp's Q4_1 of the same model where llama-cpp-python is installed.
+
+For each: batch-1 decode ms/token (a 64-token output after a 32-token prompt, the decode steps alone: the
+prefill's time subtracted), a 512-token prefill, output tokens/s at batch 16, the weights' bytes, the perplexity of
+the engine's own forward on bench/data/quality_text.md (a frozen copy of docs/architecture.md, 1024 tokens), and greedy agreement with float32 on
+prompts the parity tests do not use (the share of tokens equal up to each output's first difference).
+
+    python bench/quantization.py [--threads 2] [--device cpu|cuda] [--methods int8,int4]
+
+llama.cpp runs in this process through llama-cpp-python (no HTTP server: that favours it slightly against the
+issue's peer run, which went through its server), on the GGUF the bundled model is converted from, with as many
+threads. Writes bench/results/quantization.json and .png (bench/results/gpu/ with CHUNKPILOT_BENCH_RESULTS)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from common import conditions, model_dir, pyplot, save, sync
+
+from chunkpilot.engine import LLM, SamplingParams
+from chunkpilot.engine.perplexity import perplexity
+
+PROMPTS = ["The history of the printing press", "def merge_sort(values):\n    ", "Photosynthesis is the process",
+           "A haiku about autumn rain:\n", "The three laws of thermodynamics are", "SELECT name FROM users WHERE"]
+TEXT = Path(__file__).resolve().parent / "data" / "quality_text.md"  # frozen: figures stay comparable
+DECODE_TOKENS = 64
+REPEATS = 3
+
+
+def timed(fn) -> float:
+    """The median of REPEATS timings of fn()."""
+    out = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def measure(model: str, method: str | None, device: str, threads: int) -> dict:
+    llm = LLM(model, quantization=method, device=device, threads=threads, token_budget=512, max_chunk=512,
+              max_num_seqs=16, enable_prefix_caching=False, max_model_len=2048)
+    try:
+        dev = llm.engine.device
+        tok = llm.tokenizer
+        prompt = tok.encode("Write a long story about a lighthouse keeper and the sea.")[:32]
+        long = (tok.encode(TEXT.read_text()) * 2)[:512]
+
+        def gen(reqs, n):
+            llm.generate(reqs, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+            sync(dev)
+        gen([prompt], 4)  # warm-up
+        first = timed(lambda: gen([prompt], 1))
+        whole = timed(lambda: gen([prompt], DECODE_TOKENS + 1))
+        prefill = timed(lambda: gen([long], 1))
+        batch = [tok.encode(p) for p in PROMPTS] * 3
+        batch16 = timed(lambda: gen(batch[:16], DECODE_TOKENS))
+        greedy = llm.generate(PROMPTS, SamplingParams(max_tokens=32, temperature=0.0))
+        return {"method": method or "float32", "decode_ms_per_token": 1e3 * (whole - first) / DECODE_TOKENS,
+                "prefill_512_s": prefill, "batch16_tokens_per_s": 16 * DECODE_TOKENS / batch16,
+                "weight_bytes": llm.engine.worker.memory.weight_bytes,
+                "perplexity": perplexity(llm, tok.encode(TEXT.read_text())[:1024]),
+                "greedy": [o.token_ids for o in greedy]}
+    finally:
+        llm.engine.close()
+
+
+def llama_cpp(threads: int) -> dict | None:
+    """llama.cpp on the GGUF the bundled SmolLM2 is converted from; None where llama-cpp-python is missing."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    from chunkpilot.engine.model_fetch import MODELS, find_gguf
+
+    llm = Llama(model_path=str(find_gguf(MODELS["smollm2"][0])), n_threads=threads, n_threads_batch=threads, n_ctx=2048,
+                verbose=False)
+    prompt = llm.tokenize(b"Write a long story about a lighthouse keeper and the sea.")[:32]
+
+    def gen(n):
+        llm.reset()
+        for i, _ in enumerate(llm.generate(prompt, temp=0.0, reset=True)):
+            if i + 1 >= n:
+                break
+    gen(4)
+    first, whole = timed(lambda: gen(1)), timed(lambda: gen(DECODE_TOKENS + 1))
+    return {"method": "llama.cpp Q4_1", "decode_ms_per_token": 1e3 * (whole - first) / DECODE_TOKENS}
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    same = 0
+    for x, y in zip(a, b):
+        for s, t in zip(x, y):
+            if s != t:
+                break
+            same += 1
+    return same / max(1, sum(len(x) for x in a))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--methods", default=None, help="comma-separated (default: int8,int4 on the CPU, fp8 on CUDA)")
+    ap.add_argument("--model", default=None, help="model folder (default: the bundled SmolLM2)")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    methods = args.methods.split(",") if args.methods else (["fp8"] if args.device.startswith("cuda")
+                                                           else ["int8", "int4"])
+    model = args.model or model_dir()
+    rows = [measure(model, m, args.device, args.threads) for m in [None, *methods]]
+    base = rows[0]
+    for r in rows:
+        r["decode_speedup"] = base["decode_ms_per_token"] / r["decode_ms_per_token"]
+        r["prefill_speedup"] = base["prefill_512_s"] / r["prefill_512_s"]
+        r["perplexity_ratio"] = r["perplexity"] / base["perplexity"]
+        r["greedy_agreement"] = agreement(r["greedy"], base["greedy"])
+        r["weights_ratio"] = r["weight_bytes"] / base["weight_bytes"]
+    peer = None if args.device.startswith("cuda") else llama_cpp(args.threads)
+    for r in rows:
+        print(f"{r['method']:>8}: decode {r['decode_ms_per_token']:.1f} ms/token ({r['decode_speedup']:.2f}x), "
+              f"prefill 512 {r['prefill_512_s']:.2f} s ({r['prefill_speedup']:.2f}x), batch 16 "
+              f"{r['batch16_tokens_per_s']:.0f} tokens/s, weights {r['weight_bytes'] / 2**20:.0f} MiB, perplexity "
+              f"{r['perplexity']:.3f} ({r['perplexity_ratio']:.4f}x), greedy agreement {r['greedy_agreement']:.0%}")
+    if peer:
+        print(f"llama.cpp Q4_1: decode {peer['decode_ms_per_token']:.1f} ms/token")
+    else:
+        print("llama.cpp: not measured (pip install llama-cpp-python)")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    bars = [(r["method"], r["decode_ms_per_token"]) for r in rows] + \
+        ([(peer["method"], peer["decode_ms_per_token"])] if peer else [])
+    ax.bar([b[0] for b in bars], [b[1] for b in bars], color=["C0"] * len(rows) + ["C3"] * bool(peer))
+    ax.set(ylabel="batch-1 decode, ms/token", title=f"weight-only quantization, {args.threads} threads, {args.device}")
+    save("quantization", {"conditions": conditions(threads=args.threads, device=args.device),
+                          "rows": rows, "llama_cpp": peer}, fig)
+
+
+if __name__ == "__main__":
+    main()
