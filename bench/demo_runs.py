@@ -92,7 +92,8 @@ def run_demo(folder: Path, busy: float) -> None:
     loop = None
     for line in proc.stdout:
         print(line, end="", flush=True)
-        if busy and loop is None and "checking at the busiest rate" in line:
+        # the demo prints "sizing 1: ..." (never wrapped, at a line's start) just before its first check starts
+        if busy and loop is None and line.startswith("sizing 1:"):
             loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(s=busy)])
             print(f"[demo_runs] a busy loop for {busy:g} s started (pid {loop.pid})", flush=True)
     rc = proc.wait()

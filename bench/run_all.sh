@@ -26,6 +26,10 @@ echo "== helm_install (helm install into a real kubelet: needs root; three fresh
 "$PY" bench/local_cluster.py --suite helm --runs 3
 echo "== controllers_scale (the operator and the tuner on a real API server with 20 and 200 resources; ~17 min)"
 "$PY" bench/controllers_scale.py
+echo "== quantization (float32, int8, int4 side by side; llama.cpp where llama-cpp-python is installed)"
+"$PY" bench/quantization.py
 echo "== demo_runs (three demos in a row)"
 "$PY" bench/demo_runs.py --runs 3
+echo "== demo_runs with a busy minute during each first check (issue 41's recipe)"
+"$PY" bench/demo_runs.py --runs 3 --busy 60
 "$PY" bench/results_page.py

@@ -207,7 +207,7 @@ def host_line(run: DemoRun) -> str:
         parts.append(f"{'/'.join(f'{b:.0%}' for b in checks)} in the check{'s' * (len(checks) > 1)}")
     if run.run_busy is not None:
         parts.append(f"{run.run_busy:.0%} in the load")
-    return "other programs took " + ", ".join(parts) + " of the CPU" if parts else ""
+    return "other programs' share of the CPU: " + ", ".join(parts) if parts else ""
 
 
 def figure(run: DemoRun, data: dict):

@@ -55,9 +55,12 @@ class Int8Linear(nn.Module):
         super().__init__()
         self._mm = _op("_weight_int8pack_mm")
         w = weight.detach().float()
-        scale = w.abs().amax(1).clamp(min=1e-12) / 127
-        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous())
-        self.register_buffer("scales", scale.to(COMPUTE_DTYPE))
+        # the scale as the kernel will hold it (bfloat16), and the weights rounded against that very scale: a
+        # bfloat16 rounding after the fact would add up to half a step more at the row's largest weights
+        scale = (w.abs().amax(1).clamp(min=1e-12) / 127).to(COMPUTE_DTYPE)
+        q = torch.round(w / scale.float()[:, None]).clamp(-127, 127)
+        self.register_buffer("qweight", q.to(torch.int8).contiguous())
+        self.register_buffer("scales", scale)
         self.register_buffer("bias", None if bias is None else bias.detach().to(COMPUTE_DTYPE))
         self.in_features, self.out_features = w.shape[1], w.shape[0]
 
@@ -87,11 +90,14 @@ class Int4Linear(nn.Module):
         self._mm = _op("_weight_int4pack_mm_for_cpu")
         w = weight.detach().float().reshape(out, inp // group, group)
         low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-        scale = ((high - low) / 15).clamp(min=1e-12)
-        q = torch.round((w - low) / scale).clamp(0, 15).reshape(out, inp).to(torch.int32).contiguous()
+        # scale and zero (where q = 8 lands: the kernel subtracts 8) as the kernel holds them, in bfloat16, and
+        # the weights rounded against those very values
+        scale = ((high - low) / 15).clamp(min=1e-12).to(COMPUTE_DTYPE).float()
+        zero = (low + 8 * scale).to(COMPUTE_DTYPE).float()
+        q = (torch.round((w - zero) / scale) + 8).clamp(0, 15).reshape(out, inp).to(torch.int32).contiguous()
         self.register_buffer("qweight", _op("_convert_weight_to_int4pack_for_cpu")(q, 1))
-        # [in / group, out, 2]: scale and zero, the zero where q = 8 lands (the kernel subtracts 8)
-        self.register_buffer("scales_and_zeros", torch.cat([scale, low + 8 * scale], -1).permute(1, 0, 2)
+        # [in / group, out, 2]
+        self.register_buffer("scales_and_zeros", torch.cat([scale, zero], -1).permute(1, 0, 2)
                              .contiguous().to(COMPUTE_DTYPE))
         self.register_buffer("bias", None if bias is None else bias.detach().to(COMPUTE_DTYPE))
         self.group, self.in_features, self.out_features = group, inp, out
