@@ -14,8 +14,8 @@ app = typer.Typer(help="The InferenceDeployment CRD, generated from chunkpilot.a
 def generate(
     output: Path = typer.Option(Path("crds"), "--output", help="Folder to write the CRD YAML into."),
     chart: Optional[Path] = typer.Option(Path("helm/chunkpilot"), "--chart",
-                                         help="Chart whose files/engine-rules.json (the env and extraArgs rules its "
-                                              "admission policy checks) to write too; empty to skip."),
+                                         help="Chart whose crds/ copy of the CRD and files/engine-rules.json (the env and "
+                                              "extraArgs rules its admission policy checks) to write too; empty to skip."),
     docs: Optional[Path] = typer.Option(Path("."), "--docs",
                                         help="Repository root whose docs/crd-reference.md to write too; empty to "
                                              "skip."),
@@ -36,3 +36,9 @@ def generate(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(rules.render())
         typer.echo(str(path))
+        # the chart installs the CRD from its own crds/ folder: the same bytes (tests/chart/test_chart.py)
+        crd = write(output)
+        copy = chart / "crds" / crd.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(crd.read_bytes())
+        typer.echo(str(copy))
