@@ -22,7 +22,7 @@ from pathlib import Path
 from common import conditions, model_dir, pyplot, save, sync
 
 from chunkpilot.engine import LLM, SamplingParams
-from chunkpilot.engine.perplexity import perplexity
+from chunkpilot.engine.perplexity import greedy_agreement, perplexity
 
 PROMPTS = ["The history of the printing press", "def merge_sort(values):\n    ", "Photosynthesis is the process",
            "A haiku about autumn rain:\n", "The three laws of thermodynamics are", "SELECT name FROM users WHERE"]
@@ -91,16 +91,6 @@ def llama_cpp(threads: int) -> dict | None:
     return {"method": "llama.cpp Q4_1", "decode_ms_per_token": 1e3 * (whole - first) / DECODE_TOKENS}
 
 
-def agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    same = 0
-    for x, y in zip(a, b):
-        for s, t in zip(x, y):
-            if s != t:
-                break
-            same += 1
-    return same / max(1, sum(len(x) for x in a))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -120,7 +110,7 @@ def main() -> None:
         r["decode_speedup"] = base["decode_ms_per_token"] / r["decode_ms_per_token"]
         r["prefill_speedup"] = base["prefill_512_s"] / r["prefill_512_s"]
         r["perplexity_ratio"] = r["perplexity"] / base["perplexity"]
-        r["greedy_agreement"] = agreement(r["greedy"], base["greedy"])
+        r["greedy_agreement"] = greedy_agreement(r["greedy"], base["greedy"])
         r["weights_ratio"] = r["weight_bytes"] / base["weight_bytes"]
     peer = None if args.device.startswith("cuda") else llama_cpp(args.threads)
     for r in rows:

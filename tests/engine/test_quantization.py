@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from chunkpilot.engine import EngineConfig
+from chunkpilot.engine.perplexity import greedy_agreement
 from chunkpilot.engine.quantization import (COMPUTE_DTYPE, Fp8Linear, Int4Linear, Int8Linear, QuantizationError,
                                             check, quantize)
 
@@ -134,23 +135,12 @@ def figures(model_dir: str, method: str | None) -> dict:
         llm.engine.close()
 
 
-def agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    """The share of greedy tokens equal, each output up to its first difference (after it, the texts diverge)."""
-    same = 0
-    for x, y in zip(a, b):
-        for s, t in zip(x, y):
-            if s != t:
-                break
-            same += 1
-    return same / sum(len(x) for x in a)
-
-
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_smollm2_perplexity_and_greedy_agreement(smollm2_dir, float32_figures, method):
     q = figures(smollm2_dir, method)
     ratio = q["perplexity"] / float32_figures["perplexity"]
     print(f"{method}: perplexity {q['perplexity']:.3f} vs float32 {float32_figures['perplexity']:.3f} "
-          f"({ratio:.4f}x); greedy agreement {agreement(q['tokens'], float32_figures['tokens']):.0%}")
+          f"({ratio:.4f}x); greedy agreement {greedy_agreement(q['tokens'], float32_figures['tokens']):.0%}")
     assert 1 < float32_figures["perplexity"] < 100  # a real model on real text
     assert ratio <= BOUNDS[method], ratio
     # greedy outputs part at the first near-tie and differ after it: agreement is reported (here and in

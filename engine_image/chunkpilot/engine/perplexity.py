@@ -1,5 +1,6 @@
-"""Perplexity of a text under the engine's own model, as it serves (its attention, KV cache, chunked prefill and,
-where set, quantized layers): the measure of what a quantization costs in quality.
+"""What a change to the weights (a quantization) costs in quality, measured on the engine as it serves: the
+perplexity of a text under its own model (its attention, KV cache, chunked prefill and quantized layers), and how
+far its greedy outputs agree with another's.
 
 The text is sent as one prompt (max_tokens 1); a forward hook on the model's final norm keeps the hidden state of
 every prompt position as the chunks run, and the model's own head turns them into next-token log-probabilities.
@@ -40,3 +41,15 @@ def perplexity(llm, token_ids: list[int]) -> float:
             targets = torch.tensor(token_ids[start + 1:start + 1 + logits.shape[0]])
             nll -= float(torch.log_softmax(logits, -1).gather(1, targets[:, None]).sum())
     return math.exp(nll / h.shape[0])
+
+
+def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """The share of `a`'s greedy tokens equal to `b`'s, each output counted up to its first difference (after it
+    the texts part, and comparing them says nothing more about the weights)."""
+    same = 0
+    for x, y in zip(a, b):
+        for s, t in zip(x, y):
+            if s != t:
+                break
+            same += 1
+    return same / max(1, sum(len(x) for x in a))
