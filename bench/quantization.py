@@ -60,7 +60,7 @@ def measure(model: str, method: str | None, device: str, threads: int) -> dict:
         batch = [tok.encode(p) for p in PROMPTS] * 3
         batch16 = timed(lambda: gen(batch[:16], DECODE_TOKENS))
         greedy = llm.generate(PROMPTS, SamplingParams(max_tokens=32, temperature=0.0))
-        return {"method": method or "float32", "decode_ms_per_token": 1e3 * (whole - first) / DECODE_TOKENS,
+        return {"method": method or str(llm.engine.dtype).removeprefix("torch."), "decode_ms_per_token": 1e3 * (whole - first) / DECODE_TOKENS,
                 "prefill_512_s": prefill, "batch16_tokens_per_s": 16 * DECODE_TOKENS / batch16,
                 "weight_bytes": llm.engine.worker.memory.weight_bytes,
                 "perplexity": perplexity(llm, tok.encode(TEXT.read_text())[:1024]),

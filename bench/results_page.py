@@ -185,9 +185,11 @@ def demo_runs(d: dict) -> list[str]:
         c, co = r["config"], (r["probe"].get("coefficients") or {})
         checks = r.get("checks") or []
         last = checks[-1] if checks else None
+        def s(v):  # a failed request's infinite ITL is null in the JSON
+            return "—" if v is None else f"{v:.2f} s"
         check = "—" if last is None else (
-            f"{len(checks)}: {last['knobs'][0]}/{last['knobs'][1]} {last['counted_itl']:.2f} s · start-up "
-            f"{last['start_itl']:.2f} s · {'passed' if last['ok'] else '**not passed**'}")
+            f"{len(checks)}: {last['knobs'][0]}/{last['knobs'][1]} {s(last['counted_itl'])} · start-up "
+            f"{s(last['start_itl'])} · {'passed' if last['ok'] else '**not passed**'}")
         fit = ", ".join(f"{1000 * co[k]:.3g} ms" for k in ("overhead", "prefill_tokens", "decode_seqs",
                                                            "kv_kilotokens") if k in co)
         load = (f"{c['rate']:g} req/s, ITL SLO {c['itl_slo']:g} s, outputs {c['output_scale']:g}×, "

@@ -204,10 +204,11 @@ def _size(run: DemoRun, config: DemoConfig, say) -> DemoConfig:
             f"programs took {probe_busy:.0%} of the CPU meanwhile")
         check = EngineCheck({g: [e.url for e in run.engines[g]] for g in GROUPS}, runner.apply, run.prometheus.url,
                             model, seconds=config.check_seconds)
-        config, run.sizing = size(config, model, space, check, say=say, bound=config.sizing_seconds,
+        config, run.sizing = size(config, model, space, check, say=say, bound=config.sizing_seconds, stop=run.stop,
                                   sizing=Sizing(model=model, rounds=rounds, terms=terms, probe_busy=probe_busy))
-        if not run.sizing.passed:
+        if not run.sizing.passed and not run.stop.is_set():
             if not config.force:
+                run.config = config  # what was checked last, for demo.json
                 stopped = SizingStopped(run.sizing.stopped)
             else:
                 say("the sizing did not pass; --force: the load runs anyway")

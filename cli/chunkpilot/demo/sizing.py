@@ -324,9 +324,14 @@ def next_plan(check: Check, search: Search, floor: float, config) -> Resize | No
         return None
     moved = abs(learnt / search.scale - 1) > MODEL_MOVED
     rate = search.rate
-    if not moved:
+    if moved:  # the bracket was found on the old model: the new one starts its own, at the same rate
+        search.too_light, search.too_heavy = 0.0, math.inf
+    else:
         rate = rate / heavy_ratio(check) if heavy else rate * light_ratio(check)
-        if not search.too_light < rate < search.too_heavy:  # only when both sides are known: bisect
+        # search.rate is inside the bracket and a step moves away from the side it just set, so a step can leave
+        # it only through the other side, which is then known: bisect
+        if not search.too_light < rate < search.too_heavy and search.too_light > 0 and \
+                math.isfinite(search.too_heavy):
             rate = math.sqrt(search.too_light * search.too_heavy)
     why = (f"the counted knobs over {CHECK_SHARE:g} x the SLO" if heavy else "the start-up knobs kept the SLO")
     how = (f"the probe fit {learnt:.2f}x slower (the checks' median contention), re-planned at the same rate"
@@ -391,12 +396,14 @@ def stop_message(sizing: Sizing, bound: float) -> str:
         lines.append("  on this machine now, no load the sizing can reach has the start-up knobs break the ITL SLO "
                      "while the tuner's knobs keep it. Try an ITL SLO of your own (--itl-slo), other cores "
                      "(--cores), or a quieter moment.")
+    if busy and max(busy) > BUSY_SHARE:  # the SLO can matter on a busy host too
+        lines.append("  An ITL SLO of your own (--itl-slo) can also help once the host is quiet.")
     lines.append("  --force runs the load anyway.")
     return "\n".join(lines)
 
 
 def size(config, model: StepModel, space: SearchSpace, measure, say=print, sizing: Sizing | None = None,
-         bound: float = SIZING_SECONDS, clock=time.monotonic):
+         bound: float = SIZING_SECONDS, clock=time.monotonic, stop=None):
     """Plan on the probe's `model`, check by `measure(config, knobs, predicted_itl) -> Check`, resize from what
     was measured (`next_plan`) until the check passes, for at most `bound` seconds of checks (a check is not
     started that would end past it) and MAX_CHECKS. A check taken while other programs used the host (BUSY_SHARE)
@@ -409,6 +416,9 @@ def size(config, model: StepModel, space: SearchSpace, measure, say=print, sizin
     for attempt in range(1, MAX_CHECKS + 1):
         if clock() - t0 + config.check_seconds > bound and sizing.checks:
             break
+        if stop is not None and stop.is_set():  # Ctrl-C: the demo reports an interruption, not a failed sizing
+            sizing.notes.append("interrupted")
+            return config, sizing
         if resize is not None and resize.knobs is not None:
             config, knobs = resize.config, resize.knobs
         else:

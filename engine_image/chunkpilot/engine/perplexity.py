@@ -38,7 +38,7 @@ def perplexity(llm, token_ids: list[int]) -> float:
     with torch.inference_mode():
         for start in range(0, h.shape[0], 256):  # the head over 256 rows at a time: [256, vocab] floats
             logits = model.logits(h[start:start + 256]).float()
-            targets = torch.tensor(token_ids[start + 1:start + 1 + logits.shape[0]])
+            targets = torch.tensor(token_ids[start + 1:start + 1 + logits.shape[0]], device=logits.device)
             nll -= float(torch.log_softmax(logits, -1).gather(1, targets[:, None]).sum())
     return math.exp(nll / h.shape[0])
 

@@ -174,6 +174,12 @@ def check(method: str | None, device: torch.device) -> None:
         if torch.cuda.get_device_capability(device) < (8, 9):
             raise QuantizationError(f"fp8 needs compute capability 8.9 or newer (Ada, Hopper); this GPU is "
                                     f"{torch.cuda.get_device_name(device)}: run without --quantization")
+        try:  # per-row scales need more than the capability in some PyTorch builds: refuse at start, not mid-request
+            Fp8Linear(torch.ones(16, 16, device=device), None)(torch.ones(1, 16, device=device,
+                                                                         dtype=torch.bfloat16))
+        except RuntimeError as e:
+            raise QuantizationError(f"this PyTorch cannot run fp8 per-row scaled matmuls on "
+                                    f"{torch.cuda.get_device_name(device)} ({e}): run without --quantization")
     elif device.type != "cpu":
         raise QuantizationError(f"{method} runs on the CPU (PyTorch's packed CPU kernels); on a GPU use fp8")
     else:
