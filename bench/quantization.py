@@ -69,26 +69,45 @@ def measure(model: str, method: str | None, device: str, threads: int) -> dict:
         llm.engine.close()
 
 
+LLAMA = """
+import json, statistics, sys, time
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]), n_ctx=2048,
+            verbose=False)
+prompt = llm.tokenize(b"Write a long story about a lighthouse keeper and the sea.")[:32]
+def gen(n):
+    llm.reset()
+    for i, _ in enumerate(llm.generate(prompt, temp=0.0, reset=True)):
+        if i + 1 >= n:
+            break
+def timed(n):
+    out = []
+    for _ in range(3):
+        t0 = time.perf_counter(); gen(n); out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+gen(4)
+print(json.dumps({"decode_ms_per_token": 1e3 * (timed(int(sys.argv[3]) + 1) - timed(1)) / int(sys.argv[3])}))
+"""
+
+
 def llama_cpp(threads: int) -> dict | None:
-    """llama.cpp on the GGUF the bundled SmolLM2 is converted from; None where llama-cpp-python is missing."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
+    """llama.cpp on the GGUF the bundled SmolLM2 is converted from, in a process of its own (its OpenMP and
+    torch's share nothing, and a crash in it costs this bench nothing); None where llama-cpp-python is missing."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("llama_cpp") is None:
         return None
     from chunkpilot.engine.model_fetch import MODELS, find_gguf
 
-    llm = Llama(model_path=str(find_gguf(MODELS["smollm2"][0])), n_threads=threads, n_threads_batch=threads, n_ctx=2048,
-                verbose=False)
-    prompt = llm.tokenize(b"Write a long story about a lighthouse keeper and the sea.")[:32]
-
-    def gen(n):
-        llm.reset()
-        for i, _ in enumerate(llm.generate(prompt, temp=0.0, reset=True)):
-            if i + 1 >= n:
-                break
-    gen(4)
-    first, whole = timed(lambda: gen(1)), timed(lambda: gen(DECODE_TOKENS + 1))
-    return {"method": "llama.cpp Q4_1", "decode_ms_per_token": 1e3 * (whole - first) / DECODE_TOKENS}
+    done = subprocess.run([sys.executable, "-c", LLAMA, str(find_gguf(MODELS["smollm2"][0])), str(threads),
+                           str(DECODE_TOKENS)], capture_output=True, text=True, timeout=600)
+    row = {"method": "llama.cpp Q4_1"}
+    if done.returncode != 0:
+        return {**row, "error": f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}"}
+    return {**row, **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
 def main() -> None:
@@ -118,15 +137,18 @@ def main() -> None:
               f"prefill 512 {r['prefill_512_s']:.2f} s ({r['prefill_speedup']:.2f}x), batch 16 "
               f"{r['batch16_tokens_per_s']:.0f} tokens/s, weights {r['weight_bytes'] / 2**20:.0f} MiB, perplexity "
               f"{r['perplexity']:.3f} ({r['perplexity_ratio']:.4f}x), greedy agreement {r['greedy_agreement']:.0%}")
-    if peer:
+    if peer and "error" in peer:
+        print(f"llama.cpp: failed ({peer['error']})")
+    elif peer:
         print(f"llama.cpp Q4_1: decode {peer['decode_ms_per_token']:.1f} ms/token")
     else:
         print("llama.cpp: not measured (pip install llama-cpp-python)")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
+    measured = peer if peer and "error" not in peer else None
     bars = [(r["method"], r["decode_ms_per_token"]) for r in rows] + \
-        ([(peer["method"], peer["decode_ms_per_token"])] if peer else [])
-    ax.bar([b[0] for b in bars], [b[1] for b in bars], color=["C0"] * len(rows) + ["C3"] * bool(peer))
+        ([(measured["method"], measured["decode_ms_per_token"])] if measured else [])
+    ax.bar([b[0] for b in bars], [b[1] for b in bars], color=["C0"] * len(rows) + ["C3"] * bool(measured))
     ax.set(ylabel="batch-1 decode, ms/token", title=f"weight-only quantization, {args.threads} threads, {args.device}")
     save("quantization", {"conditions": conditions(threads=args.threads, device=args.device),
                           "rows": rows, "llama_cpp": peer}, fig)

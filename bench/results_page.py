@@ -395,7 +395,11 @@ def quantization(d: dict) -> list[str]:
              f"{r['perplexity']:.3f} (**{r['perplexity_ratio']:.4f}×**)", pct(r["greedy_agreement"])]
             for r in d["rows"]]
     peer = d.get("llama_cpp")
-    if peer:
+    failed = peer.get("error") if peer else None
+    if failed:
+        rows.append([peer["method"], f"failed: {failed}", "—", "—", "—", "—", "—"])
+        peer = None
+    elif peer:
         rows.append([peer["method"], f"{peer['decode_ms_per_token']:.1f} ms", "—", "—", "—", "—", "—"])
     out = table(["weights", "batch-1 decode, ms/token (vs float32)", "512-token prefill", "batch 16, tokens/s",
                  "weights held", "perplexity (vs float32)", "greedy agreement with float32"], rows)
@@ -412,7 +416,7 @@ def quantization(d: dict) -> list[str]:
                          f", decode {by['int4']['decode_ms_per_token']:.1f} against llama.cpp's "
                          f"{peer['decode_ms_per_token']:.1f} ms/token (target at or below: "
                          f"{verdict(by['int4']['decode_ms_per_token'] <= peer['decode_ms_per_token'])})" if peer else
-                         ", llama.cpp not measured in this run (llama-cpp-python not installed)"))
+                         f", llama.cpp not measured in this run ({'it failed: ' + failed if failed else 'llama-cpp-python not installed'})"))
     slower = [m for m, r in by.items() if r["prefill_speedup"] < 1]
     notes.append("prefill no slower than float32: " + verdict(not slower))
     return out + ["", "; ".join(notes) + "."]
