@@ -93,6 +93,14 @@ def test_a_sizing_that_cannot_pass_stops_the_demo_before_its_load_with_what_to_d
     assert doc["pids"] and not any(alive(pid) for pid in doc["pids"]), out
 
 
+def test_a_quantization_the_demos_cpu_engines_cannot_run_is_refused_at_once(tmp_path):
+    require_tool("prometheus", "sudo apt-get install prometheus")
+    proc = demo(tmp_path, "--quantization", "fp8")
+    out, _ = proc.communicate(timeout=120)
+    said = " ".join(out.split())  # rich wraps at 80 columns
+    assert proc.returncode == 2 and "takes int8 or int4" in said and "starting" not in said, out
+
+
 def test_ctrl_c_stops_everything_and_still_reports(smollm2_dir, tmp_path):
     require_tool("prometheus", "sudo apt-get install prometheus")
     proc = demo(tmp_path, "--duration", "300", "--no-size-to-host")

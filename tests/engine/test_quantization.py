@@ -84,6 +84,12 @@ def test_a_method_the_device_or_shapes_cannot_run_is_refused_with_what_to_change
         EngineConfig(model="m", quantization="awq")
     assert EngineConfig(model="m", quantization="none").quantization is None
     check("int8", torch.device("cpu")) or check("int4", torch.device("cpu"))  # the kernels exist here
+    # one list of methods: the CRD's field takes them and none, nothing else
+    from typing import get_args
+
+    from chunkpilot.api.types import ModelSpec
+    from chunkpilot.contract.engine_settings import QUANTIZATION_METHODS
+    assert set(get_args(ModelSpec.model_fields["quantization"].annotation)) == {"none", *QUANTIZATION_METHODS}
 
 
 def test_quantize_replaces_every_linear_layer_and_keeps_the_embedding():

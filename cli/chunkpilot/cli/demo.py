@@ -64,6 +64,14 @@ def demo(
     if duration < 30 or replicas < 1 or rate <= 0 or window < 5:
         console.print("[red]error:[/] need --duration >= 30, --replicas >= 1, --rate > 0 and --window >= 5")
         raise typer.Exit(2)
+    if quantization in ("none", ""):
+        quantization = None
+    from chunkpilot.contract.engine_settings import CPU_QUANTIZATION_METHODS
+
+    if quantization is not None and quantization not in CPU_QUANTIZATION_METHODS:
+        console.print(f"[red]error:[/] --quantization {quantization!r}: the demo's engines run on the CPU, which takes "
+                      f"{' or '.join(CPU_QUANTIZATION_METHODS)} (or none)")
+        raise typer.Exit(2)
     try:
         core_list = tuple(sorted({int(c) for c in cores.split(",") if c.strip()})) if cores else None
     except ValueError:

@@ -12,3 +12,7 @@ MAX_NUM_SEQS = 32
 # KV block pair; 8192 is as far as a step on one GPU usefully goes for prefill.
 TUNING_BUDGET_BOUNDS = (64, 8192)
 TUNING_CHUNK_BOUNDS = (32, 8192)
+# Weight-only quantization methods (chunkpilot.engine.quantization): the engine's --quantization, the CRD's
+# model.quantization (with "none") and the demo's flag. int8 and int4 run on the CPU, fp8 on Hopper GPUs.
+QUANTIZATION_METHODS = ("int8", "int4", "fp8")
+CPU_QUANTIZATION_METHODS = ("int8", "int4")

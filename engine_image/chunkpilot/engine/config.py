@@ -8,7 +8,6 @@ from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import SchedulerKnobs
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
-QUANTIZATION_METHODS = ("int8", "int4", "fp8")  # chunkpilot.engine.quantization.METHODS, without importing torch
 
 
 @dataclass
@@ -58,8 +57,8 @@ class EngineConfig:
         SchedulerKnobs(self.token_budget, self.max_chunk).validated(min_token_budget=self.max_num_seqs)
         if self.quantization in ("none", ""):
             self.quantization = None
-        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} or none, got "
+        if self.quantization is not None and self.quantization not in defaults.QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {', '.join(defaults.QUANTIZATION_METHODS)} or none, got "
                              f"{self.quantization!r}")
         if self.attention_backend not in ("auto", "sdpa", "varlen"):
             raise ValueError(f"attention_backend must be auto, sdpa or varlen, got {self.attention_backend!r}")

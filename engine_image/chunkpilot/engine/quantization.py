@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-METHODS = ("int8", "int4", "fp8")
+from chunkpilot.contract import engine_settings as defaults
+
+METHODS = defaults.QUANTIZATION_METHODS
 GROUP_SIZE = 32  # int4: weights per scale and zero (Q4_1's block; the CPU kernel takes 32, 64, 128 or 256)
 INT4_GROUPS = (32, 64, 128, 256)
 COMPUTE_DTYPE = torch.bfloat16  # what the CPU kernels are fast in
