@@ -8,9 +8,15 @@ prompts the parity tests do not use (the share of tokens equal up to each output
 
     python bench/quantization.py [--threads 2] [--device cpu|cuda] [--methods int8,int4]
 
-llama.cpp runs in this process through llama-cpp-python (no HTTP server: that favours it slightly against the
-issue's peer run, which went through its server), on the GGUF the bundled model is converted from, with as many
-threads. Writes bench/results/quantization.json and .png (bench/results/gpu/ with CHUNKPILOT_BENCH_RESULTS)."""
+llama.cpp runs in a process of its own through llama-cpp-python (no HTTP server: that favours it slightly against
+the issue's peer run, which went through its server), on the GGUF the bundled model is converted from, with as
+many threads. It is not a project dependency; build it with the host's vector units but without AMX (a native
+build here, which turns AMX on, crashed in its first decode):
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON \
+      -DGGML_AVX512_BF16=ON -DGGML_AMX_INT8=OFF" pip install --no-cache-dir llama-cpp-python==0.3.36
+
+Writes bench/results/quantization.json and .png (bench/results/gpu/ with CHUNKPILOT_BENCH_RESULTS)."""
 
 from __future__ import annotations
 
@@ -142,7 +148,7 @@ def main() -> None:
     elif peer:
         print(f"llama.cpp Q4_1: decode {peer['decode_ms_per_token']:.1f} ms/token")
     else:
-        print("llama.cpp: not measured (pip install llama-cpp-python)")
+        print("llama.cpp: not measured (install llama-cpp-python as this file's docstring says)")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     measured = peer if peer and "error" not in peer else None

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from chunkpilot.engine import EngineConfig
 from chunkpilot.engine.perplexity import greedy_agreement
-from chunkpilot.engine.quantization import (COMPUTE_DTYPE, Fp8Linear, Int4Linear, Int8Linear, QuantizationError,
-                                            check, quantize)
+from chunkpilot.engine.quantization import (COMPUTE_DTYPE, DENSE_ROWS, Fp8Linear, Int4Linear, Int8Linear,
+                                            QuantizationError, check, quantize)
 
 SHAPES = [(1536, 576), (576, 1536), (960, 576)]  # SmolLM2's gate/up, down and fused qkv
 
@@ -25,7 +25,7 @@ def bf16_reference(x: torch.Tensor, w: torch.Tensor, bias=None) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("rows", [1, 16, 128])  # the kernel, then the dequantized GEMM of large steps
 def test_int8_layer_computes_its_dequantized_weights(shape, rows):
     torch.manual_seed(0)
     w, b = torch.randn(shape) * 0.05, torch.randn(shape[0]) * 0.1
@@ -43,7 +43,7 @@ def test_int8_layer_computes_its_dequantized_weights(shape, rows):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("rows", [1, 16, 128])
 def test_int4_layer_computes_its_dequantized_weights(shape, rows):
     torch.manual_seed(1)
     w = torch.randn(shape) * 0.05
@@ -57,6 +57,21 @@ def test_int4_layer_computes_its_dequantized_weights(shape, rows):
     ref = bf16_reference(x, dq)
     assert (layer(x) - ref).abs().max() <= 0.02 * ref.abs().max()
     assert layer.qweight.dtype == torch.uint8 and layer.qweight.numel() == w.numel() // 2  # half a byte a weight
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, (96, 64), (48, 64)])
+def test_int4_large_steps_read_the_kernels_packing_back_or_keep_the_kernel(shape):
+    """Large steps unpack PyTorch's int4 layout to bfloat16 weights; a layout this code does not read (48 outputs:
+    blocks of 64 and 32 do not cover it) keeps the kernel, never a misread weight."""
+    torch.manual_seed(3)
+    w = torch.randn(shape) * 0.05
+    layer = Int4Linear(w, None)
+    assert layer.unpacks == (shape[0] % 32 == 0)
+    if layer.unpacks:
+        assert torch.equal(layer.dense_weight().float(), layer.dequantized().to(COMPUTE_DTYPE).float())
+    x = torch.randn(DENSE_ROWS["int4"], shape[1])
+    ref = bf16_reference(x, layer.dequantized())
+    assert (layer(x) - ref).abs().max() <= 0.02 * ref.abs().max()
 
 
 def test_int4_gives_back_a_q4_1_checkpoints_values():

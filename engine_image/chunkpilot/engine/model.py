@@ -52,9 +52,11 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        qk, v = self.qkv_proj(x).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        # q and k sit side by side in the fused output: one rotation for both heads' sets (half the small ops of a
+        # decode step's RoPE, which are dispatch-bound at batch 1)
+        qk = apply_rope(qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         write_kv(cache, k, v.view(t, self.num_kv_heads, self.head_dim), meta.slot_mapping)
         o = paged_attention(q, cache, meta, self.scale)
         return self.group.all_reduce(self.o_proj(o.reshape(t, self.q_size)))

@@ -17,6 +17,11 @@ float32 matmul, measured on a 2-core AVX512-BF16 host): a quantized layer comput
 model's dtype, so the residual stream, norms, attention and the KV cache keep theirs. The LM head (tied to the
 embedding in SmolLM2) is quantized per output channel to int8 under both CPU methods: it is a fifth of the model's
 weights, and int4 groups lose more on it (the checkpoint holds it in 8 bits); the embedding lookup stays float.
+
+Large steps (prefill chunks) take another path: the kernels' cost grows with every row, while a bfloat16 GEMM's
+barely does (oneDNN's AMX/AVX512-BF16), so from DENSE_ROWS rows a layer dequantizes its weights to bfloat16 for
+that one call and runs F.linear (measured on SmolLM2's layers, 2 threads: at 512 rows the int8 kernel takes 2.2x
+a float32 GEMM's time, its dequantized bf16 GEMM 0.3x). Nothing dequantized is kept: the memory saved stays saved.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ from chunkpilot.contract import engine_settings as defaults
 METHODS = defaults.QUANTIZATION_METHODS
 GROUP_SIZE = 32  # int4: weights per scale and zero (Q4_1's block; the CPU kernel takes 32, 64, 128 or 256)
 INT4_GROUPS = (32, 64, 128, 256)
+# rows from which dequantizing to bfloat16 + F.linear beats the kernel: the crossovers measured on 30 copies each
+# of SmolLM2's qkv, gate_up and down layers (weights out of cache, as in a step), 2 threads: int8 between 16 and
+# 32 rows, int4 at about 128 (its unpacking costs more). Decode batches stay on the kernels.
+DENSE_ROWS = {"int8": 32, "int4": 128}
 COMPUTE_DTYPE = torch.bfloat16  # what the CPU kernels are fast in
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 # the layers of each decoder layer that are quantized (every matmul over the weights; norms stay float)
@@ -71,7 +80,11 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
-        y = self._mm(x.reshape(-1, self.in_features).to(COMPUTE_DTYPE).contiguous(), self.qweight, self.scales)
+        x2 = x.reshape(-1, self.in_features).to(COMPUTE_DTYPE).contiguous()
+        if x2.shape[0] >= DENSE_ROWS["int8"]:  # q is exact in bfloat16 (|q| <= 127); the scale applies per output
+            y = F.linear(x2, self.qweight.to(COMPUTE_DTYPE)) * self.scales
+        else:
+            y = self._mm(x2, self.qweight, self.scales)
         if self.bias is not None:
             y = y + self.bias
         return y.to(dtype).reshape(*shape[:-1], self.out_features)
@@ -98,6 +111,9 @@ class Int4Linear(nn.Module):
         zero = (low + 8 * scale).to(COMPUTE_DTYPE).float()
         q = (torch.round((w - zero) / scale) + 8).clamp(0, 15).reshape(out, inp).to(torch.int32).contiguous()
         self.register_buffer("qweight", _op("_convert_weight_to_int4pack_for_cpu")(q, 1))
+        # the dense path reads the kernel's packing back; a layout this code does not know keeps the kernel
+        unpacked = _unpack_int4(self.qweight, out, inp)
+        self.unpacks = unpacked is not None and torch.equal(unpacked, q.to(torch.uint8))
         # [in / group, out, 2]
         self.register_buffer("scales_and_zeros", torch.cat([scale, zero], -1).permute(1, 0, 2)
                              .contiguous().to(COMPUTE_DTYPE))
@@ -110,13 +126,46 @@ class Int4Linear(nn.Module):
         sz = self.scales_and_zeros.float()
         return self._mm(eye, self.qweight, self.group, sz).t().contiguous()
 
+    def dense_weight(self) -> torch.Tensor:
+        """The bfloat16 weights, unpacked from the kernel's layout: w = q * scale + (zero - 8 * scale) per group,
+        one rounding to bfloat16 (the kernel also computes in bfloat16)."""
+        q = _unpack_int4(self.qweight, self.out_features, self.in_features)
+        sz = self.scales_and_zeros.float().permute(1, 0, 2).contiguous()  # [out, in / group, 2]
+        scale, zero = sz[..., :1], sz[..., 1:]
+        w = torch.addcmul(zero - 8 * scale, q.view(self.out_features, -1, self.group).float(), scale)
+        return w.reshape(self.out_features, self.in_features).to(COMPUTE_DTYPE)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
-        y = self._mm(x.reshape(-1, self.in_features).to(COMPUTE_DTYPE).contiguous(), self.qweight, self.group,
-                     self.scales_and_zeros)
+        x2 = x.reshape(-1, self.in_features).to(COMPUTE_DTYPE).contiguous()
+        if self.unpacks and x2.shape[0] >= DENSE_ROWS["int4"]:
+            y = F.linear(x2, self.dense_weight())
+        else:
+            y = self._mm(x2, self.qweight, self.group, self.scales_and_zeros)
         if self.bias is not None:
             y = y + self.bias
         return y.to(dtype).reshape(*shape[:-1], self.out_features)
+
+
+def _unpack_int4(packed: torch.Tensor, out: int, inp: int) -> torch.Tensor | None:
+    """q [out, in] uint8 from `_convert_weight_to_int4pack_for_cpu`'s packing (read off PyTorch 2.15 by packing
+    known values): output channels in blocks of 64 (then one of 32), each block input-major; a byte of a 64-block
+    holds channel j in its low nibble and j + 32 in its high one, of a 32-block channels 2j and 2j + 1. None for
+    shapes outside it (Int4Linear checks the result against the values it packed, so a new layout is never
+    misread, only slower)."""
+    flat, parts, at = packed.reshape(-1), [], 0
+    for block in (64, 32):
+        n = (out - sum(p.shape[0] for p in parts)) // block * block
+        if not n:
+            continue
+        b = flat[at : at + n * inp // 2].view(n // block, inp, block // 2)
+        at += n * inp // 2
+        nib = (torch.cat([b & 15, b >> 4], -1) if block == 64
+               else torch.stack([b & 15, b >> 4], -1).view(n // block, inp, block))
+        parts.append(nib.permute(0, 2, 1).reshape(n, inp))
+    if at != flat.numel():
+        return None
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 class Fp8Linear(nn.Module):
