@@ -11,11 +11,14 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from chunkpilot.engine.knobs import KnobHolder
 from chunkpilot.engine.llm_engine import LLMEngine
 from chunkpilot.engine.metrics import EngineMetrics
 from chunkpilot.engine.outputs import RequestOutput
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.sequence import Sequence
+from chunkpilot.engine.stats import SchedulerStats, StepStats
+from chunkpilot.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,7 @@ class AsyncEngine:
         self.draining = False
         self.error: BaseException | None = None
         self.heartbeat = time.monotonic()
-        self._prefix_seen = (0, 0)
-        self._preemptions_seen = 0
+        self._seen = SchedulerStats(StepStats(), 0, 0, 0.0, 0, 0, 0)  # the totals the counters have counted
         self.publish_knobs()
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -100,6 +102,20 @@ class AsyncEngine:
         self._wake.set()
         if left:
             log.warning("aborted %d requests still running after the %.0fs grace period", len(left), grace)
+
+    # ---- what the server may read of the engine (its facade: nothing else of LLMEngine) --------------------
+    @property
+    def knobs(self) -> KnobHolder:
+        """The live scheduler knobs (the admin API and the knobs file write them here)."""
+        return self.engine.knobs
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
 
     @property
     def num_in_flight(self) -> int:
@@ -172,7 +188,7 @@ class AsyncEngine:
                 self.heartbeat = time.monotonic()
                 self._wake.clear()
                 if not self.engine.has_unfinished():
-                    self._publish_state()
+                    self._publish_state(self.engine.stats())
                     self._wake.wait(0.5)
                     continue
                 started = time.monotonic()
@@ -180,9 +196,10 @@ class AsyncEngine:
                 now = time.monotonic()
                 for out in outputs:
                     self._deliver(out, now)
-                self._publish_state()
+                stats = self.engine.stats()
+                self._publish_state(stats)
                 # the whole iteration (delivery included): the time a waiting prompt really waits for a step
-                self._record_step(time.monotonic() - started)
+                self._record_step(time.monotonic() - started, stats)
         except BaseException as e:  # the step loop must never die silently: fail every request, go unready
             log.exception("engine step loop died")
             with self._lock:  # together with generate()'s check: every request is failed or refused
@@ -222,28 +239,25 @@ class AsyncEngine:
                     m.tpot.observe((now - live.first_token) / (out.num_output_tokens - 1))
         live.loop.call_soon_threadsafe(live.queue.put_nowait, out)
 
-    def _record_step(self, seconds: float) -> None:
-        m, eng = self.metrics, self.engine
-        if eng.last_step.num_tokens:
-            m.iteration_tokens.observe(eng.last_step.num_tokens)
-            m.step_moments.add(eng.last_step.features, seconds)
-        if eng.last_step.num_prefill_tokens:  # prefill is busy exactly while steps compute prompt tokens
+    def _record_step(self, seconds: float, stats: SchedulerStats) -> None:
+        m, step = self.metrics, stats.step
+        if step.num_tokens:
+            m.iteration_tokens.observe(step.num_tokens)
+            m.step_moments.add(step.features, seconds)
+        if step.num_prefill_tokens:  # prefill is busy exactly while steps compute prompt tokens
             m.prefill_busy.inc(seconds)
-            m.prefill_computed.inc(eng.last_step.num_prefill_tokens)
-        bm = eng.block_manager
-        q, h = bm.prefix_queries, bm.prefix_hits
-        m.prefix_queries.inc(q - self._prefix_seen[0])
-        m.prefix_hits.inc(h - self._prefix_seen[1])
-        self._prefix_seen = (q, h)
-        p = eng.scheduler.num_preemptions
-        m.preemptions.inc(p - self._preemptions_seen)
-        self._preemptions_seen = p
+            m.prefill_computed.inc(step.num_prefill_tokens)
+        # the engine keeps totals; the counters move by what is new since the last step read
+        m.prefix_queries.inc(stats.prefix_queries - self._seen.prefix_queries)
+        m.prefix_hits.inc(stats.prefix_hits - self._seen.prefix_hits)
+        m.preemptions.inc(stats.num_preemptions - self._seen.num_preemptions)
+        self._seen = stats
 
-    def _publish_state(self) -> None:
-        m, eng = self.metrics, self.engine
-        m.running.set(len(eng.scheduler.running))
-        m.waiting.set(len(eng.scheduler.waiting))
-        m.kv_usage.set(eng.block_manager.usage)
+    def _publish_state(self, stats: SchedulerStats) -> None:
+        m = self.metrics
+        m.running.set(stats.num_running)
+        m.waiting.set(stats.num_waiting)
+        m.kv_usage.set(stats.kv_usage)
         self.publish_knobs()
 
     def publish_knobs(self) -> None:

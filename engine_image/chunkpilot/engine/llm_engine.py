@@ -13,7 +13,6 @@ import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 
 import torch
 
@@ -28,24 +27,13 @@ from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import FinishReason, Sequence
 from chunkpilot.contract.step_cost import step_features
 from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from chunkpilot.engine.stats import SchedulerStats, StepStats
 from chunkpilot.engine.tp_group import KEEPALIVE, Rendezvous, TPGroup
 from chunkpilot.engine.tp_shard import check_tensor_parallel
 from chunkpilot.engine.tp_worker import RankFailedError, WorkerProcesses
 from chunkpilot.engine.worker import RankMemory, Worker, resolve_device
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepStats:
-    """What the last step did, for metrics and the simulator's cost model."""
-
-    num_tokens: int = 0
-    num_decodes: int = 0
-    num_prefill_tokens: int = 0
-    seconds: float = 0.0
-    preempted: list[str] = field(default_factory=list)
-    features: tuple[float, ...] = ()  # chunkpilot.contract.step_cost.step_features of the step
 
 
 class LLMEngine:
@@ -229,6 +217,12 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self._live) or not self._pending.empty()
+
+    def stats(self) -> SchedulerStats:
+        """The engine's state after the last step (call it from the thread that steps)."""
+        bm = self.block_manager
+        return SchedulerStats(self.last_step, len(self.scheduler.running), len(self.scheduler.waiting), bm.usage,
+                              bm.prefix_queries, bm.prefix_hits, self.scheduler.num_preemptions)
 
     # ---- the step ---------------------------------------------------------------------------------------
     def _drain(self) -> list[RequestOutput]:

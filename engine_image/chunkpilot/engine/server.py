@@ -118,7 +118,7 @@ class ServerState:
                 self.on_fatal()
 
     def knob_holder(self):
-        return self.engine.engine.knobs if self.engine is not None else None
+        return self.engine.knobs if self.engine is not None else None
 
     def knobs_pushed(self, _knobs) -> None:
         """A push is the newer word from here on: stop following the file (see engine/admin.py)."""
@@ -138,7 +138,7 @@ class ServerState:
     def max_request_bytes(self) -> int:
         if self.settings.max_request_bytes is not None:
             return self.settings.max_request_bytes
-        max_len = self.engine.engine.max_model_len if self.engine is not None else 8192
+        max_len = self.engine.max_model_len if self.engine is not None else 8192
         return max(2**20, 64 * max_len)
 
     def liveness_failure(self) -> str | None:
@@ -240,7 +240,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
     async def models() -> dict:
         return {"object": "list", "data": [{
             "id": settings.model_name, "object": "model", "created": int(state.started), "owned_by": "chunkpilot",
-            "max_model_len": state.engine.engine.max_model_len if state.engine else None,
+            "max_model_len": state.engine.max_model_len if state.engine else None,
         }]}
 
     # ---- generation -------------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
         params = _params(body.sampling_params)
         rid = f"cmpl-{uuid.uuid4().hex}"
         stream = await _start(engine, rid, params, request, prompt=prompt, cache_salt=_salt(request, body))
-        tok, details = engine.engine.tokenizer, settings.prompt_tokens_details
+        tok, details = engine.tokenizer, settings.prompt_tokens_details
         if body.stream:
             return sse_response(completion_chunks(stream, rid, settings.model_name, body, tok, details),
                                 settings.stream_write_timeout)
@@ -264,12 +264,12 @@ def build_app(settings: ServerSettings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         engine = _check(state, body.model)
-        max_len = engine.engine.max_model_len
+        max_len = engine.max_model_len
         params = _params(lambda: body.sampling_params(default_max_tokens=max_len))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await _start(engine, rid, params, request, messages=body.template_messages(),
                               cache_salt=_salt(request, body))
-        tok, details = engine.engine.tokenizer, settings.prompt_tokens_details
+        tok, details = engine.tokenizer, settings.prompt_tokens_details
         if body.stream:
             return sse_response(chat_chunks(stream, rid, settings.model_name, body, tok, details),
                                 settings.stream_write_timeout)
