@@ -422,6 +422,28 @@ def quantization(d: dict) -> list[str]:
     return out + ["", "; ".join(notes) + "."]
 
 
+def speculative(d: dict) -> list[str]:
+    rows = []
+    for r in d["rows"]:
+        on, off = r["on"], r["off"]
+        acc = pct(on["acceptance"]) if on["acceptance"] is not None else "no drafts"
+        rows.append([r["workload"], str(r["batch"]), f"{off['tokens_per_s']:.1f} → {on['tokens_per_s']:.1f} "
+                     f"(**{times(r['speedup'])}**)", f"{off['itl_ms']:.1f} → {on['itl_ms']:.1f} ms",
+                     f"{on['draft_tokens']}, {acc} kept", ", ".join(str(k) for k in on["accepted_per_position"]),
+                     "yes" if r["outputs_equal"] else "**no**"])
+    out = table(["workload", "batch", "tokens/s, drafts off → on", "ITL, off → on", "draft tokens",
+                 "kept by position", "outputs equal"], rows)
+    by = {(r["workload"], r["batch"]): r["speedup"] for r in d["rows"]}
+    rep, fresh = by.get(("repeats the prompt", 1)), [v for (w, _), v in by.items() if w == "does not repeat"]
+    notes = []
+    if rep is not None:
+        notes.append(f"outputs that repeat the prompt, batch 1: {times(rep)} (target ≥ 1.5×: {verdict(rep >= 1.5)})")
+    if fresh:
+        notes.append(f"outputs that do not, the worst batch: {times(min(fresh))} (target ≥ 0.95×: "
+                     f"{verdict(min(fresh) >= 0.95)})")
+    return out + ["", "; ".join(notes) + "."]
+
+
 @dataclass(frozen=True)
 class Section:
     name: str  # bench/results/NAME.json (and NAME.png)
@@ -445,6 +467,7 @@ SECTIONS = (
     Section("autoscale", "Replicas as the last knob, on a 1 → 3 → 1 ramp (simulator)",
             "python bench/autoscale.py --seeds 3", autoscale),
     Section("quantization", "Weight-only quantization", "python bench/quantization.py", quantization),
+    Section("speculative", "Speculative decoding (n-gram drafts)", "python bench/speculative.py", speculative),
     Section("predictor_vs_sim", "The step-time predictor against the simulator", "python bench/predictor_vs_sim.py",
             predictor_vs_sim),
     Section("sim_accuracy", "The simulator against the real server", "python bench/sim_accuracy.py", sim_accuracy),

@@ -26,23 +26,34 @@ class FakeRunner:
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
-        sampled = {}
-        # Write every chunk's tokens first (as the real model does, layer by layer), then read.
+        sampled, verified = {}, {}
+        # Write every chunk's tokens first (as the real model does, layer by layer), then read. A decode's draft
+        # tokens are written after its last token, at the positions they would take.
         for c in sched.chunks:
-            tokens = c.seq.token_ids
+            tokens = c.seq.token_ids + c.draft_token_ids
             for pos in range(c.start, c.start + c.num_tokens):
                 self.pool[self._slot(c.seq.block_table, pos)] = tuple(tokens[: pos + 1])
         for c in sched.chunks:
-            tokens = c.seq.token_ids
+            tokens = c.seq.token_ids + c.draft_token_ids
             end = c.start + c.num_tokens
             seen = [self.pool[self._slot(c.seq.block_table, p)] for p in range(end)]
             want = [tuple(tokens[: p + 1]) for p in range(end)]
             if seen != want:
                 bad = next(p for p in range(end) if seen[p] != want[p])
                 raise AssertionError(f"KV pool corrupt for {c.seq.request_id} at position {bad}")
-            if c.samples:
+            if c.draft_token_ids:  # greedy verification: keep drafts while they are the model's next token
+                first = len(c.seq)
+                out = []
+                for i, d in enumerate(c.draft_token_ids):
+                    out.append(next_token(list(seen[first - 1 + i]), self.vocab))
+                    if out[-1] != d:
+                        break
+                else:
+                    out.append(next_token(list(seen[-1]), self.vocab))
+                verified[c.seq.request_id] = out
+            elif c.samples:
                 sampled[c.seq.request_id] = next_token(list(seen[-1]), self.vocab)
-        return RunnerOutput(sampled=sampled)
+        return RunnerOutput(sampled=sampled, verified=verified)
 
 
 def reference_output(prompt: list[int], max_tokens: int, vocab: int, eos: tuple[int, ...] = ()) -> list[int]:

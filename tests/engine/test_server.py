@@ -274,7 +274,8 @@ def test_metrics_parse_and_cover_every_name(server, client, tmp_path):
         samples.update(s.name for s in fam.samples)
         for s in fam.samples:
             assert s.labels.get("model_name") == "smollm2"
-    labelled_only = {names.REQUEST_SUCCESS, names.REQUESTS_REJECTED}  # appear once a label value was used
+    # appear once a label value was used
+    labelled_only = {names.REQUEST_SUCCESS, names.REQUESTS_REJECTED, names.SPEC_DECODE_ACCEPTED_PER_POS}
     for name in names.ALL_NAMES:
         if name in names.HISTOGRAMS:
             assert {f"{name}_bucket", f"{name}_count", f"{name}_sum"} <= samples, f"{name} not exported"

@@ -236,13 +236,14 @@ def test_rank_zero_unpickles_nothing_and_the_group_is_private_to_the_pod(tmp_pat
 def test_a_step_plan_crosses_as_integers_and_anything_else_is_refused():
     from chunkpilot.engine.step_plan import KEEPALIVE, PlannedChunk, StepPlan, decode_message, encode_message
 
-    plan = StepPlan([PlannedChunk(7, [5], [0, 1], True), PlannedChunk(0, [1, 2, 3], [2], False)], 1)
+    plan = StepPlan([PlannedChunk(7, [5], [0, 1], True), PlannedChunk(9, [5, 6, 7], [0], True, 2),
+                     PlannedChunk(0, [1, 2, 3], [2], False)], 1)
     for message in (plan, KEEPALIVE, None):
         wire = encode_message(message)
         assert wire.dtype == torch.long
         assert decode_message(wire) == message
     for bad in ([], [9], [1, 0], [2, 0, 1, 0, 0, 5, 0], [2, 2, 1, 0, 1, 0, 0], [2, 0, 1, 0, 2, 0, 0],
-                [2, 0, 0, 4], [2, -1, 0]):
+                [2, 0, 0, 4], [2, -1, 0], [2, 0, 1, 0, 1, 1, 1, 0, 5]):  # last: as many drafts as tokens
         with pytest.raises(ValueError):
             decode_message(torch.tensor(bad, dtype=torch.long))
 

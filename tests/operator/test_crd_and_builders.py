@@ -158,6 +158,34 @@ def test_quantization_fits_the_device_in_the_crd_and_in_the_operator_alike(metho
     assert "is set by the operator" in b.rules.arg_refusal("--quantization=int8")
 
 
+def test_speculative_decoding_reaches_the_engine_as_the_config_it_parses():
+    """spec.engine.speculative becomes CHUNKPILOT_SPECULATIVE_CONFIG, vLLM-style JSON that the engine's own parser
+    reads back field for field; a lookup range upside down is refused by the CEL rule and the operator alike; no
+    speculative field, no variable (off)."""
+    from pydantic import ValidationError
+
+    from chunkpilot.engine.speculative import SpeculativeConfig
+
+    doc = yaml.safe_load(SMOL.read_text())
+    assert "CHUNKPILOT_SPECULATIVE_CONFIG" not in {e["name"] for e in b.engine_env(InferenceDeployment.model_validate(doc), "/models")}
+    doc["spec"].setdefault("engine", {})["speculative"] = {"numSpeculativeTokens": 3, "promptLookupMax": 3,
+                                                           "disableByBatchSize": 16}
+    env = {e["name"]: e.get("value") for e in b.engine_env(InferenceDeployment.model_validate(doc), "/models")}
+    parsed = SpeculativeConfig.parse(env["CHUNKPILOT_SPECULATIVE_CONFIG"])
+    assert parsed == SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1,
+                                       prompt_lookup_max=3, disable_by_batch_size=16)
+    spec = doc["spec"]
+    spec["engine"]["speculative"] = {"promptLookupMin": 4, "promptLookupMax": 2}
+    failed = {m for r, m, v, _ in _cel_rules(openapi_schema()["properties"]["spec"], spec) if not _cel_ok(r, v)}
+    assert failed == {"promptLookupMin must be <= promptLookupMax"}
+    with pytest.raises(ValidationError, match="promptLookupMin must be <= promptLookupMax"):
+        InferenceDeployment.model_validate(doc)
+    spec["engine"]["speculative"] = {"method": "eagle"}
+    with pytest.raises(ValidationError, match="ngram"):
+        InferenceDeployment.model_validate(doc)
+    assert "is set by the operator" in b.rules.arg_refusal("--speculative-config={}")
+
+
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_rendered_objects_pass_kubernetes_schemas(sample, version):

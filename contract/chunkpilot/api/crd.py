@@ -47,6 +47,8 @@ def _structural(node: Any, defs: dict) -> Any:
             out[key] = {name: _structural(v, defs) for name, v in value.items()}
         elif key in ("items",):
             out[key] = _structural(value, defs)
+        elif key == "const":  # a one-value Literal; OpenAPI v3.0 has no const, an enum of one says the same
+            out["enum"] = [value]
         elif key == "exclusiveMinimum":
             out["minimum"], out["exclusiveMinimum"] = value, True
         elif key == "exclusiveMaximum":

@@ -73,6 +73,45 @@ class LocalObjectReference(_Model):
     name: str = Field(..., min_length=1, description="Name of the Secret.")
 
 
+class SpeculativeSpec(_Model):
+    """Speculative decoding (the engine's --speculative-config): a proposer drafts tokens, the model verifies them
+    in one step, the output distribution unchanged."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
+        ("!has(self.promptLookupMin) || !has(self.promptLookupMax) || self.promptLookupMin <= self.promptLookupMax",
+         "promptLookupMin must be <= promptLookupMax")))
+
+    method: Literal[defaults.SPECULATIVE_METHODS] = Field(  # type: ignore[valid-type]
+        "ngram", description="ngram: prompt lookup (drafts the tokens that followed the last n tokens' earlier "
+                             "occurrence); pays off where outputs repeat their prompt.")
+    num_speculative_tokens: int = Field(defaults.NUM_SPECULATIVE_TOKENS, alias="numSpeculativeTokens", ge=1,
+                                        le=defaults.MAX_SPECULATIVE_TOKENS,
+                                        description="Draft tokens a decode verifies per step (each costs a token "
+                                                    "of the step's budget).")
+    prompt_lookup_min: int = Field(defaults.PROMPT_LOOKUP[0], alias="promptLookupMin", ge=1, le=16,
+                                   description="Shortest n-gram the lookup matches.")
+    prompt_lookup_max: int = Field(defaults.PROMPT_LOOKUP[1], alias="promptLookupMax", ge=1, le=16,
+                                   description="Longest n-gram the lookup matches (tried first).")
+    disable_by_batch_size: int | None = Field(None, alias="disableByBatchSize", ge=1, le=4096,
+                                              description="No drafts in a step with more decodes than this.")
+
+    @model_validator(mode="after")
+    def _lookup_range(self) -> "SpeculativeSpec":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("promptLookupMin must be <= promptLookupMax")
+        return self
+
+    def engine_config(self) -> str:
+        """The engine's --speculative-config JSON, in vLLM's field names."""
+        import json
+
+        out = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
+               "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        if self.disable_by_batch_size is not None:
+            out["disable_by_batch_size"] = self.disable_by_batch_size
+        return json.dumps(out, separators=(",", ":"))
+
+
 class EngineSpec(_Model):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
         ("!has(self.tensorParallelSize) || (self.resources.gpus == 0 ? self.tensorParallelSize == 1 : "
@@ -92,6 +131,7 @@ class EngineSpec(_Model):
     max_num_seqs: int = Field(defaults.MAX_NUM_SEQS, alias="maxNumSeqs", ge=1, le=4096,
                               description="Cap on sequences running at once in one pod.")
     prefix_caching: bool = Field(True, alias="prefixCaching", description="Reuse KV blocks of shared prefixes.")
+    speculative: SpeculativeSpec | None = Field(None, description="Speculative decoding; off when absent.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables for the engine.")
     extra_args: list[str] = Field(default_factory=list, alias="extraArgs",
                                   description="Extra `chunkpilot engine serve` arguments.")

@@ -32,6 +32,14 @@ REQUEST_SUCCESS = PREFIX + "request_success_total"
 REQUESTS_REJECTED = PREFIX + "requests_rejected_total"
 PREFILL_BUSY_SECONDS = PREFIX + "prefill_busy_seconds_total"
 PREFILL_COMPUTED_TOKENS = PREFIX + "prefill_computed_tokens_total"
+# Speculative decoding (vLLM's spec_decode names): decodes that carried drafts, draft tokens, drafts kept, drafts
+# kept by position (label `position`, 0 = the first draft), and running requests whose drafting is paused.
+SPEC_DECODE_DRAFTS = PREFIX + "spec_decode_num_drafts_total"
+SPEC_DECODE_DRAFT_TOKENS = PREFIX + "spec_decode_num_draft_tokens_total"
+SPEC_DECODE_ACCEPTED_TOKENS = PREFIX + "spec_decode_num_accepted_tokens_total"
+SPEC_DECODE_ACCEPTED_PER_POS = PREFIX + "spec_decode_num_accepted_tokens_per_pos_total"
+SPEC_DECODE_PAUSED = PREFIX + "spec_decode_paused_requests"
+POSITION_LABEL = "position"
 SCHEDULER_TOKEN_BUDGET = PREFIX + "scheduler_token_budget"
 SCHEDULER_MAX_CHUNK = PREFIX + "scheduler_max_chunk"
 SCHEDULER_GENERATION = PREFIX + "scheduler_generation"
@@ -51,7 +59,8 @@ ALL_NAMES = (
     TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS,
     ITERATION_TOKENS, NUM_RUNNING, NUM_WAITING, KV_CACHE_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS,
     PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS, REQUESTS_REJECTED, PREFILL_BUSY_SECONDS,
-    PREFILL_COMPUTED_TOKENS, SCHEDULER_TOKEN_BUDGET,
+    PREFILL_COMPUTED_TOKENS, SPEC_DECODE_DRAFTS, SPEC_DECODE_DRAFT_TOKENS, SPEC_DECODE_ACCEPTED_TOKENS,
+    SPEC_DECODE_ACCEPTED_PER_POS, SPEC_DECODE_PAUSED, SCHEDULER_TOKEN_BUDGET,
     SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS, STEP_COST_MOMENTS, TENSOR_PARALLEL_SIZE,
     RANK_WEIGHT_BYTES, RANK_KV_CACHE_BYTES,
 )

@@ -252,12 +252,19 @@ class AsyncEngine:
         m.prefix_hits.inc(stats.prefix_hits - self._seen.prefix_hits)
         m.preemptions.inc(stats.num_preemptions - self._seen.num_preemptions)
         self._seen = stats
+        if step.num_drafts:
+            m.spec_drafts.inc(step.num_drafts)
+            m.spec_draft_tokens.inc(step.num_draft_tokens)
+            m.spec_accepted.inc(step.num_accepted_tokens)
+            for position, kept in enumerate(step.accepted_per_position):
+                m.spec_accepted_at(position).inc(kept)
 
     def _publish_state(self, stats: SchedulerStats) -> None:
         m = self.metrics
         m.running.set(stats.num_running)
         m.waiting.set(stats.num_waiting)
         m.kv_usage.set(stats.kv_usage)
+        m.spec_paused.set(stats.num_drafts_paused)
         self.publish_knobs()
 
     def publish_knobs(self) -> None:

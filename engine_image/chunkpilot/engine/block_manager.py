@@ -134,6 +134,17 @@ class BlockManager:
                 self._block_of_hash[h] = block
                 self._hash_of_block[block] = h
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past the sequence's tokens (speculative decoding reserved them for drafts the model
+        rejected). They are private and unnamed: only full computed blocks are ever hashed or shared."""
+        keep = -(-len(seq) // self.block_size)
+        for b in reversed(seq.block_table[keep:]):
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] != 0:
+                raise RuntimeError(f"block {b} past sequence {seq.request_id}'s computed tokens is shared")
+            self._free[b] = None
+        del seq.block_table[keep:]
+
     def free(self, seq: Sequence) -> None:
         """Release a sequence's blocks. Tail blocks go to the free list first so they are evicted first."""
         for b in reversed(seq.block_table):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.engine.speculative import SpeculativeConfig
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -38,8 +39,12 @@ class EngineConfig:
     tensor_parallel_join_timeout: float = 1800.0
     # Weight-only quantization of the linear layers at load time (quantization.py): int8 | int4 (CPU) | fp8 (CUDA)
     quantization: str | None = None
+    # Speculative decoding (speculative.py): vLLM's --speculative-config, as JSON or parsed; None: off
+    speculative_config: SpeculativeConfig | str | dict | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.speculative_config, SpeculativeConfig):
+            self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

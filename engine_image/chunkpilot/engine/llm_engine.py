@@ -102,8 +102,11 @@ class LLMEngine:
             max_token_budget=self.max_token_budget,
         )
         eos = self.model_config.eos_token_ids
+        spec = config.speculative_config
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs
+            SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs,
+            spec.proposer() if spec else None, spec.num_speculative_tokens if spec else 0,
+            spec.disable_by_batch_size if spec else None,
         )
 
     def close(self, *, force: bool = False) -> None:
@@ -221,8 +224,10 @@ class LLMEngine:
     def stats(self) -> SchedulerStats:
         """The engine's state after the last step (call it from the thread that steps)."""
         bm = self.block_manager
-        return SchedulerStats(self.last_step, len(self.scheduler.running), len(self.scheduler.waiting), bm.usage,
-                              bm.prefix_queries, bm.prefix_hits, self.scheduler.num_preemptions)
+        running = self.scheduler.running
+        return SchedulerStats(self.last_step, len(running), len(self.scheduler.waiting), bm.usage,
+                              bm.prefix_queries, bm.prefix_hits, self.scheduler.num_preemptions,
+                              sum(1 for seq in running if seq.drafts_paused > 0))
 
     # ---- the step ---------------------------------------------------------------------------------------
     def _drain(self) -> list[RequestOutput]:
@@ -260,7 +265,10 @@ class LLMEngine:
             torch.cuda.synchronize(self.device)
         self.last_step = StepStats(
             sched.num_tokens, sched.num_decodes, sched.num_prefill_tokens, time.perf_counter() - t0, sched.preempted,
-            step_features((c.start, c.num_tokens, i < sched.num_decodes) for i, c in enumerate(sched.chunks)),
+            # a decode with drafts costs what a chunk of 1 + k tokens costs: the step-time model counts them so
+            step_features((c.start, c.num_tokens, i < sched.num_decodes and not c.draft_token_ids)
+                          for i, c in enumerate(sched.chunks)),
+            **_draft_counts(sched, result),
         )
         for seq in self.scheduler.update(sched, result):
             outputs.append(self._advance(seq, result.logprobs.get(seq.request_id)))
@@ -288,17 +296,25 @@ class LLMEngine:
 
     def _advance(self, seq: Sequence, logprob) -> RequestOutput:
         _, detok = self._live[seq.request_id]
-        token = seq.output_token_ids[-1]
-        text, hit_stop = detok.add(token)
-        if hit_stop:
-            self.scheduler.finish(seq, FinishReason.STOP)
-            seq.finish_reason = FinishReason.STOP  # also when this token reached max_tokens: the text was cut
+        # one token, or a decode's verified drafts and the model's own token
+        tokens = seq.output_token_ids[len(seq.output_token_ids) - seq.num_new_tokens :]
+        text = ""
+        for i, token in enumerate(tokens):
+            piece, hit_stop = detok.add(token)
+            text += piece
+            if hit_stop:
+                if i + 1 < len(tokens):  # a stop string ended inside the verified run: nothing after it counts
+                    del seq.output_token_ids[len(seq.output_token_ids) - len(tokens) + i + 1 :]
+                    tokens = tokens[: i + 1]
+                self.scheduler.finish(seq, FinishReason.STOP)
+                seq.finish_reason = FinishReason.STOP  # also when this token reached max_tokens: the text was cut
+                break
         if seq.is_finished:
             text += detok.flush()
             del self._live[seq.request_id]
             self.sampler.forget(seq.request_id)
-        lps = [TokenLogprob(token, logprob[0], logprob[1])] if logprob is not None else []
-        return self._output(seq, [token], text, lps)
+        lps = [TokenLogprob(tokens[-1], logprob[0], logprob[1])] if logprob is not None else []
+        return self._output(seq, tokens, text, lps)
 
     @staticmethod
     def _output(seq: Sequence, tokens: list[int], text: str, lps: list[TokenLogprob]) -> RequestOutput:
@@ -313,6 +329,18 @@ class LLMEngine:
             num_output_tokens=len(seq.output_token_ids),
             num_cached_tokens=seq.num_cached_tokens,
         )
+
+
+def _draft_counts(sched, result) -> dict:
+    """The step's speculative-decoding counts for StepStats: drafts proposed and kept, per position."""
+    proposed = [c for c in sched.chunks if c.draft_token_ids]
+    if not proposed:
+        return {}
+    kept = [len(result.verified[c.seq.request_id]) - 1 for c in proposed if c.seq.request_id in result.verified]
+    longest = max(len(c.draft_token_ids) for c in proposed)
+    return {"num_drafts": len(proposed), "num_draft_tokens": sum(len(c.draft_token_ids) for c in proposed),
+            "num_accepted_tokens": sum(kept),
+            "accepted_per_position": tuple(sum(1 for k in kept if k > p) for p in range(longest))}
 
 
 def _keepalive(engine_ref, period: float) -> None:

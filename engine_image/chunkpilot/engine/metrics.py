@@ -61,6 +61,13 @@ class EngineMetrics:
         self.prefill_busy = counter(PREFILL_BUSY_SECONDS, "Engine loop time in steps that computed prompt tokens.")
         self.prefill_computed = counter(PREFILL_COMPUTED_TOKENS, "Prompt tokens computed by the model (prefix-cache "
                                         "hits excluded, recomputation after preemption included).")
+        self.spec_drafts = counter(SPEC_DECODE_DRAFTS, "Decodes that verified draft tokens (speculative decoding).")
+        self.spec_draft_tokens = counter(SPEC_DECODE_DRAFT_TOKENS, "Draft tokens proposed and verified.")
+        self.spec_accepted = counter(SPEC_DECODE_ACCEPTED_TOKENS, "Draft tokens the model kept.")
+        self._spec_per_pos = Counter(_base(SPEC_DECODE_ACCEPTED_PER_POS), "Draft tokens kept, by draft position "
+                                     "(0 = the first).", [MODEL_LABEL, POSITION_LABEL], registry=r)
+        self.spec_paused = gauge(SPEC_DECODE_PAUSED, "Running requests whose drafts were kept too rarely to pay "
+                                 "for verification: drafting paused (speculation switched itself off for them).")
         self.request_success = Counter(
             _base(REQUEST_SUCCESS), "Finished requests by finish reason.", [MODEL_LABEL, "finished_reason"], registry=r
         )
@@ -81,6 +88,10 @@ class EngineMetrics:
                                    [MODEL_LABEL, RANK_LABEL], registry=r)
         self._rank_kv = Gauge(RANK_KV_CACHE_BYTES, "Bytes of KV cache one tensor-parallel rank holds (its KV heads).",
                               [MODEL_LABEL, RANK_LABEL], registry=r)
+
+    def spec_accepted_at(self, position: int):
+        """The per-position counter of kept drafts (position 0 = the first draft of a decode)."""
+        return self._spec_per_pos.labels(self.model_name, str(position))
 
     def publish_ranks(self, memories) -> None:
         """memories: the engine's RankMemory of every rank, read once at start-up."""

@@ -45,13 +45,28 @@ class ModelRunner:
         logits = self.forward(plan)
         if logits is None:
             return RunnerOutput(sampled={})
-        sampling = [c for c in sched.chunks if c.samples]
-        ids = [c.seq.request_id for c in sampling]
-        tokens, logprobs = self.sampler.sample(logits, ids, [c.seq.params for c in sampling])
-        return RunnerOutput(
-            sampled=dict(zip(ids, tokens)),
-            logprobs={rid: lp for rid, lp in zip(ids, logprobs) if lp is not None},
-        )
+        # logits rows in chunk order: one per sampling chunk, 1 + drafts for a decode with drafts
+        plain, rows, verified, at = [], [], {}, 0
+        for c in sched.chunks:
+            if not c.samples:
+                continue
+            if c.draft_token_ids:
+                n = 1 + len(c.draft_token_ids)
+                verified[c.seq.request_id] = self.sampler.verify(logits[at : at + n], c.draft_token_ids,
+                                                                 c.seq.request_id, c.seq.params)
+                at += n
+            else:
+                plain.append(c)
+                rows.append(at)
+                at += 1
+        out = RunnerOutput(sampled={}, verified=verified)
+        if plain:
+            ids = [c.seq.request_id for c in plain]
+            picked = logits if len(rows) == len(logits) else logits[torch.tensor(rows, device=logits.device)]
+            tokens, logprobs = self.sampler.sample(picked, ids, [c.seq.params for c in plain])
+            out.sampled = dict(zip(ids, tokens))
+            out.logprobs = {rid: lp for rid, lp in zip(ids, logprobs) if lp is not None}
+        return out
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan) -> torch.Tensor | None:
@@ -63,14 +78,10 @@ class ModelRunner:
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         hidden = self.model(input_ids, cos, sin, self.kv_cache.tensor, meta)
-        ends, offset = [], 0
-        for c in chunks:
-            offset += c.num_tokens
-            if c.samples:
-                ends.append(offset - 1)
-        if not ends:  # the same on every rank: the plan is the same
+        rows = plan.logit_rows
+        if not rows:  # the same on every rank: the plan is the same
             return None
-        return self.model.logits(hidden[torch.tensor(ends, device=self.device)])
+        return self.model.logits(hidden[torch.tensor(rows, device=self.device)])
 
     def _flatten(self, chunks: list[PlannedChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = [t for c in chunks for t in c.token_ids]

@@ -57,6 +57,33 @@ class Sampler:
                 logprobs[i] = (chosen, top)
         return token_list, logprobs
 
+    def verify(self, logits: torch.Tensor, drafts: list[int], request_id: str, params: SamplingParams) -> list[int]:
+        """logits: [1 + k, vocab], row i the model's distribution after the sequence and drafts[:i]. Returns the
+        drafts kept and one token of the model's own: the next token where a draft was rejected, else after them.
+
+        Greedy: a draft is kept while it is the model's argmax, so the output is token for token the output
+        without drafts. Sampled: rejection sampling (Leviathan et al.) against a proposer that is certain of its
+        draft d (q = 1 at d): keep d with probability p(d), else draw from p without d, renormalised, so every
+        token is distributed exactly as p; after all k kept, one draw from the last row."""
+        if params.greedy:
+            best = logits.argmax(dim=-1).tolist()
+            kept = 0
+            while kept < len(drafts) and drafts[kept] == best[kept]:
+                kept += 1
+            return drafts[:kept] + [best[kept]]
+        probs = self._filtered_probs(logits, [params] * len(logits))
+        g = self._generator_for(request_id, params)
+        draws = torch.rand(len(drafts), generator=g, device=logits.device).tolist()
+        for i, d in enumerate(drafts):
+            if draws[i] < float(probs[i, d]):
+                continue
+            rest = probs[i].clone()
+            rest[d] = 0.0
+            if float(rest.sum()) <= 0.0:  # p(d) is 1 but for rounding: nothing else can be drawn
+                continue
+            return drafts[:i] + [int(torch.multinomial(rest / rest.sum(), 1, generator=g)[0])]
+        return drafts + [int(torch.multinomial(probs[len(drafts)], 1, generator=g)[0])]
+
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         temps = torch.tensor([p.temperature for p in params], device=logits.device, dtype=logits.dtype)

@@ -4,6 +4,13 @@ Each step: one token for every running decode first, then the rest of `token_bud
 `max_chunk` tokens, first come first served; a prompt that does not fit continues next step. When KV blocks run
 out, the newest running sequence is preempted and later recomputed (vLLM's recompute policy).
 
+With speculative decoding on (speculative.py), a decode may carry draft tokens from the proposer: they come out of
+the budget left after every decode has its one token and before any prompt chunk, so the stall-free rule holds
+(decodes first, each at least one token, the step within its budget); a decode with k drafts costs 1 + k tokens.
+Drafts never preempt anyone: a decode gets them only where its blocks have room. After the step the sequence keeps
+the drafts the sampler accepted and one token of the model's own, and gives back the blocks only rejected drafts
+used.
+
 The scheduler never touches tensors. It hands the runner a `SchedulerOutput` and takes back a `RunnerOutput`, so
 tests and the simulator drive it without a model.
 """
@@ -13,21 +20,34 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from chunkpilot.engine.proposers import Proposer
+
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+# A verification token costs about a fifth of a batch-1 decode step on the CPU (measured: 5 tokens of SmolLM2
+# at 1.75x one token's step time), so drafts pay while the model keeps more than that share of them. A sequence
+# whose recent drafts fall below MIN_ACCEPTANCE drafts nothing for a pause of decode steps, then tries again (its
+# text may have reached a part that quotes the prompt); each failed try doubles the pause, a kept one resets it:
+# a text that never repeats costs a few tries, one that starts repeating late is found again soon.
+MIN_ACCEPTANCE = 0.3  # 0.25 and 0.4 measured alike (bench/speculative.py)
+DRAFT_PAUSES = (4, 32)  # the first pause and the longest
+ACCEPTANCE_WEIGHT = 0.5  # of the newest step in the moving average
 
 
 @dataclass
 class ScheduledChunk:
     seq: Sequence
     start: int  # first position computed in this step (= tokens already in the cache)
-    num_tokens: int
+    num_tokens: int  # draft tokens included
+    draft_token_ids: list[int] = field(default_factory=list)  # proposed to follow the sequence's last token
 
     @property
     def samples(self) -> bool:
         """The chunk reaches the sequence's last token, so its logits give the next token."""
-        return self.start + self.num_tokens == len(self.seq)
+        return self.start + self.num_tokens - len(self.draft_token_ids) == len(self.seq)
 
 
 @dataclass
@@ -42,8 +62,12 @@ class SchedulerOutput:
         return sum(c.num_tokens for c in self.chunks)
 
     @property
+    def num_draft_tokens(self) -> int:
+        return sum(len(c.draft_token_ids) for c in self.chunks[: self.num_decodes])
+
+    @property
     def num_prefill_tokens(self) -> int:
-        return self.num_tokens - self.num_decodes
+        return self.num_tokens - self.num_decodes - self.num_draft_tokens
 
     @property
     def is_empty(self) -> bool:
@@ -52,7 +76,9 @@ class SchedulerOutput:
 
 @dataclass
 class RunnerOutput:
-    sampled: dict[str, int]  # request_id -> new token, for every chunk that samples
+    sampled: dict[str, int]  # request_id -> new token, for every chunk that samples (without drafts)
+    # request_id -> the accepted drafts and one token of the model's own, for every decode with drafts
+    verified: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
 
 
@@ -64,10 +90,15 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, knobs: KnobHolder) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, knobs: KnobHolder,
+                 proposer: Proposer | None = None, num_speculative_tokens: int = 0,
+                 disable_drafts_above: int | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
         self.knobs = knobs
+        self.proposer = proposer if num_speculative_tokens > 0 else None
+        self.num_speculative_tokens = num_speculative_tokens
+        self.disable_drafts_above = disable_drafts_above
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # kept in arrival order
         self.num_preemptions = 0
@@ -116,6 +147,8 @@ class Scheduler:
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
             scheduled.add(id(seq))
             budget -= 1
+        if self.proposer is not None and budget > 0:
+            budget -= self._draft(out.chunks, budget)
         out.num_decodes = len(out.chunks)
 
         # 2. Continue prompts already running (chunked), oldest first.
@@ -160,12 +193,17 @@ class Scheduler:
             seq = chunk.seq
             if seq.is_finished:  # aborted while the step ran
                 continue
+            if chunk.draft_token_ids:
+                self._verified(seq, result.verified[seq.request_id], len(chunk.draft_token_ids))
+                touched.append(seq)
+                continue
             seq.num_computed_tokens = chunk.start + chunk.num_tokens
             self.block_manager.commit(seq)
             if not chunk.samples:
                 continue
             token = result.sampled[seq.request_id]
             seq.output_token_ids.append(token)
+            seq.num_new_tokens = 1
             touched.append(seq)
             reason = self._stop_reason(seq, token)
             if reason is not None:
@@ -173,6 +211,57 @@ class Scheduler:
         return touched
 
     # ---- internals --------------------------------------------------------------------------------------
+    def _draft(self, decodes: list[ScheduledChunk], budget: int) -> int:
+        """Give decodes draft tokens, oldest first, out of `budget`; returns the tokens used."""
+        used = 0
+        if self.disable_drafts_above is not None and len(decodes) > self.disable_drafts_above:
+            return used
+        for chunk in decodes:
+            seq = chunk.seq
+            if used >= budget:
+                break
+            if seq.params.logprobs is not None:  # per-token logprobs of verified runs are not reported yet
+                continue
+            if seq.drafts_paused > 0:
+                seq.drafts_paused -= 1
+                continue
+            room = min(self.num_speculative_tokens, budget - used,
+                       seq.params.max_tokens - len(seq.output_token_ids) - 1,  # the model adds one of its own
+                       self.config.max_model_len - len(seq) - 1)
+            if room <= 0:
+                continue
+            drafts = self.proposer.propose(seq.token_ids, room)
+            if not drafts or not self.block_manager.ensure_slots(seq, 1 + len(drafts)):
+                continue
+            chunk.draft_token_ids = drafts
+            chunk.num_tokens += len(drafts)
+            used += len(drafts)
+        return used
+
+    def _verified(self, seq: Sequence, tokens: list[int], drafted: int) -> None:
+        """Append what the sampler kept of a decode's drafts (and its own token), up to the first stop; the KV of
+        every kept token but the newest is in the cache; blocks only rejected drafts used go back to the pool."""
+        kept = len(tokens) - 1
+        seq.draft_acceptance += ACCEPTANCE_WEIGHT * (kept / drafted - seq.draft_acceptance)
+        if seq.draft_acceptance < MIN_ACCEPTANCE:
+            seq.drafts_paused = seq.draft_pause or DRAFT_PAUSES[0]
+            seq.draft_pause = min(2 * seq.drafts_paused, DRAFT_PAUSES[1])
+        else:
+            seq.draft_pause = 0
+        seq.num_new_tokens = 0
+        reason = None
+        for token in tokens:
+            seq.output_token_ids.append(token)
+            seq.num_new_tokens += 1
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                break
+        seq.num_computed_tokens = len(seq) - 1
+        self.block_manager.commit(seq)
+        self.block_manager.trim(seq)
+        if reason is not None:
+            self._finish(seq, reason)
+
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.params
         if not p.ignore_eos and token in self.config.eos_token_ids:

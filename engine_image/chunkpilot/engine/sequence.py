@@ -46,6 +46,13 @@ class Sequence:
     # Seeds the prefix-cache hash chain: the server sets it per API key and from the request's `cache_salt`, so
     # one tenant cannot learn from `cached_tokens` what another tenant's prompts begin with.
     cache_salt: bytes = b""
+    # Tokens the last step appended: 1, or up to 1 + its drafts for a decode that verified drafts
+    num_new_tokens: int = 0
+    # Speculative decoding: the share of this sequence's recent drafts the model kept (a moving average), and the
+    # decode steps left during which it drafts nothing because that share was too low to pay for verification
+    draft_acceptance: float = 1.0
+    drafts_paused: int = 0
+    draft_pause: int = 0  # the next pause's length (0: the first)
 
     @property
     def token_ids(self) -> list[int]:

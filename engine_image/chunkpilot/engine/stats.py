@@ -17,6 +17,12 @@ class StepStats:
     seconds: float = 0.0
     preempted: list[str] = field(default_factory=list)
     features: tuple[float, ...] = ()  # chunkpilot.contract.step_cost.step_features of the step
+    # speculative decoding (vLLM's spec_decode counters): decodes that carried drafts, their draft tokens, the
+    # drafts the sampler kept, and per draft position (0 = first) how many were kept
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -31,3 +37,4 @@ class SchedulerStats:
     prefix_queries: int  # prompt tokens looked up in the prefix cache, since start
     prefix_hits: int  # of those, tokens found
     num_preemptions: int  # since start
+    num_drafts_paused: int = 0  # running sequences whose drafts were kept too rarely to pay: drafting paused

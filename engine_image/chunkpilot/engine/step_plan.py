@@ -28,6 +28,7 @@ class PlannedChunk:
     token_ids: list[int]  # the tokens at positions start .. start + len - 1
     block_table: list[int]  # KV blocks of positions 0 .. start + len - 1, in order
     samples: bool  # the chunk ends at the sequence's last token: its logits give the next token
+    drafts: int = 0  # of token_ids, the last ones are draft tokens to verify: logits at each, and before them
 
     @property
     def num_tokens(self) -> int:
@@ -36,8 +37,21 @@ class PlannedChunk:
 
 @dataclass(slots=True)
 class StepPlan:
-    chunks: list[PlannedChunk]  # decodes first, then prefill chunks
+    chunks: list[PlannedChunk]  # decodes first (those with drafts after those without), then prefill chunks
+    # Decodes, drafts or not: attention groups them by context length; a group holding a decode with k drafts
+    # pads its queries to 1 + k (a group of its own would cost more: model_runner.GROUP_COST_SLOTS)
     num_decodes: int
+
+    @property
+    def logit_rows(self) -> list[int]:
+        """Rows of the step's flattened tokens whose logits are sampled: a sampling chunk's last token, and with
+        drafts its last 1 + drafts tokens."""
+        rows, offset = [], 0
+        for c in self.chunks:
+            offset += c.num_tokens
+            if c.samples:
+                rows.extend(range(offset - 1 - c.drafts, offset))
+        return rows
 
 
 def plan_of(sched: SchedulerOutput, block_size: int) -> StepPlan:
@@ -48,22 +62,26 @@ def plan_of(sched: SchedulerOutput, block_size: int) -> StepPlan:
         lo, hi = c.start, c.start + c.num_tokens
         # Slice prompt and output separately: building seq.token_ids would copy the whole context.
         ids = seq.prompt_token_ids[lo : min(hi, n_prompt)] if lo < n_prompt else []
+        drafts = c.draft_token_ids
+        hi -= len(drafts)
         if hi > n_prompt:
             ids = ids + seq.output_token_ids[max(lo, n_prompt) - n_prompt : hi - n_prompt]
-        chunks.append(PlannedChunk(c.start, ids, seq.block_table[: -(-hi // block_size)], c.samples))
+        ids = ids + drafts
+        chunks.append(PlannedChunk(c.start, ids, seq.block_table[: -(-(hi + len(drafts)) // block_size)], c.samples,
+                                   len(drafts)))
     return StepPlan(chunks, sched.num_decodes)
 
 
 def encode_message(message: "StepPlan | str | None") -> torch.Tensor:
     """A StepPlan, KEEPALIVE or None (stop) as int64: [kind], or [2, num_decodes, chunks, then per chunk start,
-    samples, n_tokens, n_blocks, the tokens, the blocks]."""
+    samples, drafts, n_tokens, n_blocks, the tokens, the blocks]."""
     if message is None:
         return torch.tensor([_STOP], dtype=torch.long)
     if message == KEEPALIVE:
         return torch.tensor([_KEEPALIVE], dtype=torch.long)
     out = [_PLAN, message.num_decodes, len(message.chunks)]
     for c in message.chunks:
-        out += [c.start, int(c.samples), len(c.token_ids), len(c.block_table)]
+        out += [c.start, int(c.samples), c.drafts, len(c.token_ids), len(c.block_table)]
         out += c.token_ids
         out += c.block_table
     return torch.tensor(out, dtype=torch.long)
@@ -82,13 +100,13 @@ def decode_message(payload: torch.Tensor) -> "StepPlan | str | None":
         raise ValueError("malformed step plan: negative or missing fields")
     num_decodes, n, i, chunks = v[1], v[2], 3, []
     for _ in range(n):
-        if i + 4 > len(v) or v[i + 1] > 1:
+        if i + 5 > len(v) or v[i + 1] > 1:
             raise ValueError("malformed step plan: truncated chunk header")
-        start, samples, nt, nb = v[i : i + 4]
-        i += 4
-        if i + nt + nb > len(v):
-            raise ValueError("malformed step plan: truncated chunk")
-        chunks.append(PlannedChunk(start, v[i : i + nt], v[i + nt : i + nt + nb], bool(samples)))
+        start, samples, drafts, nt, nb = v[i : i + 5]
+        i += 5
+        if i + nt + nb > len(v) or drafts >= max(nt, 1):
+            raise ValueError("malformed step plan: truncated chunk, or more drafts than tokens")
+        chunks.append(PlannedChunk(start, v[i : i + nt], v[i + nt : i + nt + nb], bool(samples), drafts))
         i += nt + nb
     if i != len(v) or num_decodes > n:
         raise ValueError("malformed step plan: trailing data or more decodes than chunks")

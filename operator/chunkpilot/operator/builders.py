@@ -227,6 +227,8 @@ def engine_env(obj: InferenceDeployment, model_path: str,
         env["CHUNKPILOT_MAX_MODEL_LEN"] = str(spec.model.max_model_len)
     if spec.model.quantization != "none":
         env["CHUNKPILOT_QUANTIZATION"] = spec.model.quantization
+    if spec.engine.speculative is not None:
+        env["CHUNKPILOT_SPECULATIVE_CONFIG"] = spec.engine.speculative.engine_config()
     out = [{"name": k, "value": v} for k, v in env.items()]
     if settings.engine_api_key_secret:
         secret, _, key = settings.engine_api_key_secret.partition(":")

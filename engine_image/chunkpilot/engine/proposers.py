@@ -1,0 +1,49 @@
+"""Draft-token proposers for speculative decoding: something cheaper than the model guesses the next few tokens of
+a sequence, and the model checks them all in one step (issue 38; the verification in the step loop is not built
+yet). One small interface, so a draft model can stand beside the n-gram lookup.
+
+`NgramProposer` is prompt-lookup decoding (vLLM's `ngram` method): find an earlier place where the sequence's last
+n tokens occurred (the longest n from `max_n` down to `min_n`) and propose the tokens that followed it there. It
+costs no model and pays off where outputs repeat their input: summaries, edits, code that quotes its context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+class Proposer(Protocol):
+    def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
+        """Up to k draft tokens to follow `token_ids` (prompt and output so far); [] when there is no guess."""
+        ...
+
+
+@dataclass(frozen=True)
+class NgramProposer:
+    min_n: int = 1
+    max_n: int = 4
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"the n-gram lookup needs 1 <= min_n <= max_n, got min_n={self.min_n}, "
+                             f"max_n={self.max_n}")
+
+    def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if k <= 0 or len(ids) < self.min_n + 1:
+            return []
+        for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
+            # windows over all but the last token: the tail itself is never its own match, and every match has
+            # at least one token after it
+            windows = sliding_window_view(ids[:-1], n)
+            starts = np.flatnonzero((windows == ids[-n:]).all(axis=1))
+            if len(starts):
+                # the most recent occurrence: in edits and multi-turn chats the latest copy is the one continued
+                at = int(starts[-1]) + n
+                return ids[at : at + k].tolist()
+        return []

@@ -1,0 +1,198 @@
+"""Speculative decoding on the real engine (SmolLM2, float32): greedy output with drafts equals transformers token
+for token on prompts the other tests do not use, in one continuous batch with a small token budget; the sampler's
+rejection sampling keeps the model's distribution exactly (a chi-square test on fixed logits)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from chunkpilot.engine import LLM, SamplingParams
+from chunkpilot.engine.sampler import Sampler
+from chunkpilot.engine.speculative import SpeculativeConfig
+
+NEW_TOKENS = 24
+PASSAGE = ("The lighthouse keeper climbed the spiral stairs at dusk, trimmed the wick, polished the great lens and "
+           "wrote the hour, the wind and the state of the sea in the log.")
+# outputs that repeat their prompt (drafts kept) and ones that do not (drafts rejected, drafting paused)
+PROMPTS = [
+    f"Copy the sentence exactly.\nSentence: {PASSAGE}\nCopy: The lighthouse keeper",
+    "Fruits: apple, banana, cherry, date, elderberry, fig, grape.\nThe same fruits again: apple, banana,",
+    "def area(width, height):\n    return width * height\n\n\ndef area(width, height):\n",
+    "Why is the sky blue at noon and red at sunset?",
+    "Write a limerick about a cat who learned to code.",
+]
+SPEC = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(smollm2_dir):
+    from chunkpilot.engine.tokenizer import Tokenizer
+
+    return [Tokenizer(smollm2_dir).encode(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_dir, prompt_ids):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    config = copy.deepcopy(model.generation_config)
+    config.update(eos_token_id=[], pad_token_id=2, do_sample=False, max_new_tokens=NEW_TOKENS)
+    with torch.no_grad():
+        return [model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                               generation_config=config)[0, len(ids):].tolist() for ids in prompt_ids]
+
+
+def counting(engine) -> dict:
+    """Sum the engine's per-step draft counts while it runs (LLM.generate steps it internally)."""
+    totals = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
+    step = engine.step
+
+    def counted():
+        out = step()
+        s = engine.last_step
+        totals["drafts"] += s.num_drafts
+        totals["draft_tokens"] += s.num_draft_tokens
+        totals["accepted"] += s.num_accepted_tokens
+        return out
+
+    engine.step = counted
+    return totals
+
+
+@pytest.mark.parametrize("budget", [12, 64])
+def test_greedy_with_drafts_equals_transformers(smollm2_dir, prompt_ids, reference, budget):
+    """12 tokens a step: five decodes and their drafts leave little for prompt chunks, so drafts, decodes and
+    chunks share steps; 64: drafts get their full count."""
+    llm = LLM(smollm2_dir, dtype="float32", max_num_seqs=8, token_budget=budget, max_chunk=budget,
+              max_model_len=512, speculative_config=SPEC)
+    try:
+        totals = counting(llm.engine)
+        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+        for i, (out, ref) in enumerate(zip(outs, reference)):
+            assert out.token_ids == ref, f"prompt {i} differs with drafts at budget {budget}"
+        # the drafts were really verified, and many kept (the copying prompts)
+        assert totals["drafts"] > 0 and totals["accepted"] >= NEW_TOKENS // 2, totals
+        assert llm.engine.block_manager.num_free_blocks + sum(
+            1 for c in llm.engine.block_manager.ref_counts if c) == llm.engine.block_manager.num_blocks
+    finally:
+        llm.engine.close()
+
+
+def test_sampled_and_logprob_requests_run_with_drafts(smollm2_dir, prompt_ids):
+    """Sampled requests verify by rejection sampling (seeded: the same tokens twice); a request asking for
+    logprobs opts out of drafts (its logprobs are one per token, as without speculation)."""
+    llm = LLM(smollm2_dir, dtype="float32", max_num_seqs=4, token_budget=64, max_chunk=64, max_model_len=512,
+              speculative_config=SPEC)
+    try:
+        totals = counting(llm.engine)
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.7, seed=5, ignore_eos=True)
+        first = llm.generate(PROMPTS[:2], params)
+        again = llm.generate(PROMPTS[:2], params)
+        assert [o.token_ids for o in first] == [o.token_ids for o in again]
+        assert all(len(o.token_ids) == NEW_TOKENS for o in first) and totals["drafts"] > 0
+        before = totals["drafts"]
+        lp = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=8, temperature=0.0, logprobs=2))[0]
+        assert totals["drafts"] == before and len(lp.logprobs) == len(lp.token_ids) == 8
+    finally:
+        llm.engine.close()
+
+
+# chi-square critical values at p = 0.001 by degrees of freedom: a correct sampler fails this test once in a
+# thousand seeds, and the seed is fixed, so it never flakes; a wrong one (drafts kept with probability 1, or the
+# residual not renormalised) is off by far more
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    support = probs > 0
+    assert counts[~support].sum() == 0, "drew a token the filtered distribution excludes"
+    n = counts.sum()
+    expected = probs[support] * n
+    return float(((counts[support] - expected) ** 2 / expected).sum()), int(support.sum()) - 1
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9),
+                                    SamplingParams(temperature=1.3, top_k=4)])
+def test_rejection_sampling_keeps_the_models_distribution(params):
+    """Fixed logits for three positions and drafts [d0, d1]: the first token is distributed as the first row's
+    filtered distribution, the second (after d0 was kept) as the second row's, the third (after both were kept)
+    as the third row's. 40 000 draws per case."""
+    torch.manual_seed(0)
+    vocab, n = 8, 40_000
+    logits = torch.randn(3, vocab) * 1.5
+    sampler = Sampler(torch.device("cpu"), seed=1)
+    probs = Sampler._filtered_probs(logits, [params] * 3)
+    d0, d1 = int(probs[0].argsort()[-2]), int(probs[1].argsort()[-1])  # a likely draft and the likeliest
+    first = torch.zeros(vocab)
+    second = torch.zeros(vocab)
+    third = torch.zeros(vocab)
+    for _ in range(n):
+        out = sampler.verify(logits, [d0, d1], "r", params)
+        first[out[0]] += 1
+        if out[0] == d0:
+            second[out[1]] += 1
+            if out[1] == d1:
+                third[out[2]] += 1
+    for counts, p in ((first, probs[0]), (second, probs[1]), (third, probs[2])):
+        assert counts.sum() > 1000
+        stat, df = chi_square(counts, p)
+        assert stat < CHI2_999[df], (stat, df, counts.tolist(), p.tolist())
+
+
+def test_settings_are_checked_with_what_to_change():
+    with pytest.raises(ValueError, match="must be one of ngram"):
+        SpeculativeConfig.parse('{"method": "medusa"}')
+    with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[1, 16\]"):
+        SpeculativeConfig.parse({"num_speculative_tokens": 0})
+    with pytest.raises(ValueError, match="unknown field"):
+        SpeculativeConfig.parse('{"num_speculative_token": 3}')
+    with pytest.raises(ValueError, match="must be JSON"):
+        SpeculativeConfig.parse("ngram")
+    assert SpeculativeConfig.parse("none") is None and SpeculativeConfig.parse(None) is None
+    assert SpeculativeConfig.parse('{"num_speculative_tokens": 2}').num_speculative_tokens == 2
+
+
+def test_the_server_streams_verified_runs_and_exports_the_draft_metrics(smollm2_dir, tmp_path):
+    """Through `chunkpilot engine serve --speculative-config` and the openai client: a streamed answer equals the
+    whole one and the engine without drafts, a stop string that ends inside a verified run cuts the text there,
+    and the spec_decode counters count what was drafted and kept."""
+    import openai
+
+    from chunkpilot.contract import metric_names as names
+
+    from .server_proc import EngineServer
+
+    off = LLM(smollm2_dir, dtype="float32", max_num_seqs=4, token_budget=64, max_chunk=64, max_model_len=512)
+    chat = [{"role": "user", "content": f"Repeat this sentence word for word: {PASSAGE}"}]
+    try:
+        ref = off.chat(chat, SamplingParams(max_tokens=40, temperature=0.0))[0].text
+        stop = " ".join(ref.split()[3:5])  # two words from inside the answer
+        cut = off.chat(chat, SamplingParams(max_tokens=40, temperature=0.0, stop=[stop]))[0].text
+    finally:
+        off.engine.close()
+    srv = EngineServer(smollm2_dir, tmp_path, "--max-num-seqs", "4", "--token-budget", "64", "--max-chunk", "64",
+                       "--max-model-len", "512", "--speculative-config", json.dumps(SPEC))
+    try:
+        srv.wait_ready()
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        full = client.chat.completions.create(model="smollm2", messages=chat, max_tokens=40, temperature=0)
+        chunks = list(client.chat.completions.create(model="smollm2", messages=chat, max_tokens=40, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True}))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert full.choices[0].message.content == streamed == ref
+        assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+        stopped = client.chat.completions.create(model="smollm2", messages=chat, max_tokens=40, temperature=0,
+                                                 stop=[stop])
+        assert stopped.choices[0].message.content == cut and stopped.choices[0].finish_reason == "stop"
+        m = srv.metrics()
+        kept = m[names.SPEC_DECODE_ACCEPTED_TOKENS]
+        assert m[names.SPEC_DECODE_DRAFTS] > 0 and 0 < kept <= m[names.SPEC_DECODE_DRAFT_TOKENS]
+        assert m[f"{names.SPEC_DECODE_ACCEPTED_PER_POS}{sorted({'position': '0'}.items())}"] > 0
+        assert m[names.SPEC_DECODE_PAUSED] == 0  # nothing running now
+    finally:
+        srv.stop()

@@ -1,0 +1,145 @@
+"""Speculative decoding in the step loop without a model: the scheduler, the block manager and the fake runner
+(which checks every position it reads back from its simulated KV pool). Drafts come from a proposer that is right,
+partly right or wrong at random, so every mix of accepts and rejects, stops, preemptions and prefix-cache hits
+occurs; greedy output must equal the output without drafts, and the pool's accounting must stay exact."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chunkpilot.engine.block_manager import BlockManager
+from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.sampling_params import SamplingParams
+from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
+from chunkpilot.engine.sequence import Sequence
+
+from .fake_runner import FakeRunner, next_token, reference_output
+
+VOCAB = 50
+
+
+class RandomProposer:
+    """The true continuation (as the fake model would write it), cut short, with a wrong token somewhere, or
+    nothing but wrong tokens; each at random."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def propose(self, token_ids, k):
+        rng, history, out = self.rng, list(token_ids), []
+        for _ in range(rng.randint(0, k)):
+            t = next_token(history, VOCAB)
+            history.append(t)
+            out.append(t)
+        if out and rng.random() < 0.4:
+            out[rng.randrange(len(out))] = rng.randrange(VOCAB)  # a wrong draft: the rest is rejected
+        return out
+
+
+def held_blocks(sched) -> dict[int, int]:
+    held: dict[int, int] = {}
+    for s in sched.running:
+        for b in s.block_table:
+            held[b] = held.get(b, 0) + 1
+    return held
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    num_blocks=st.integers(12, 40),
+    block_size=st.sampled_from([2, 4, 8]),
+    budget=st.integers(4, 24),
+    k=st.integers(1, 6),
+    prompts=st.lists(st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=20), min_size=1, max_size=5),
+    max_tokens=st.integers(1, 24),
+)
+def test_any_mix_of_accepts_and_rejects_keeps_output_and_kv_accounting_exact(
+    seed, num_blocks, block_size, budget, k, prompts, max_tokens
+):
+    max_num_seqs = 4
+    budget = max(budget, max_num_seqs)
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
+    knobs = KnobHolder(SchedulerKnobs(budget, min(8, budget)), min_token_budget=max_num_seqs)
+    sched = Scheduler(SchedulerConfig(max_num_seqs, num_blocks * block_size, (7,)), bm, knobs,  # EOS 7
+                      RandomProposer(random.Random(seed)), k)
+    runner = FakeRunner(num_blocks * block_size, block_size, VOCAB)
+    # a repeated prompt shares prefix blocks with the first
+    prompts = prompts + [prompts[0]]
+    seqs = [Sequence(f"s{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0.0)) for i, p in enumerate(prompts)]
+    for s in seqs:
+        sched.add(s)
+    drafted = 0
+    for _ in range(5000):
+        if not sched.has_work:
+            break
+        decoding = [s for s in sched.running if s.is_decoding]
+        out = sched.schedule()
+        # within the budget; every decode that was running got a step (or was preempted), drafts on decodes only
+        assert out.num_tokens <= budget
+        assert {id(c.seq) for c in out.chunks[: out.num_decodes]} | {id(s) for s in decoding
+                                                                      if s.request_id in out.preempted} >= {
+            id(s) for s in decoding if s in sched.running}
+        assert all(not c.draft_token_ids for c in out.chunks[out.num_decodes:])
+        drafted += out.num_draft_tokens
+        sched.update(out, runner.execute(out))
+        # the pool's accounting: every block held is counted once per holder, free ones by nobody
+        held = held_blocks(sched)
+        assert all(bm.ref_counts[b] >= n for b, n in held.items())
+        assert bm.num_free_blocks + sum(1 for c in bm.ref_counts if c > 0) == num_blocks
+        for s in sched.running:  # no sequence keeps blocks past its tokens after a verification
+            assert len(s.block_table) <= -(-(len(s) + k + 1) // block_size)
+    else:
+        raise AssertionError("no progress")
+    max_len = num_blocks * block_size  # the pool holds one max-length sequence; longer ones stop there
+    for s in seqs:
+        want = reference_output(s.prompt_token_ids, max_tokens, VOCAB, (7,))[: max_len - len(s.prompt_token_ids)]
+        assert s.output_token_ids == want, s.request_id
+    assert bm.num_free_blocks == num_blocks and not any(bm.ref_counts)
+
+
+def test_drafts_come_out_of_the_budget_left_after_decodes_and_before_prompts():
+    bm = BlockManager(64, 4)
+    knobs = KnobHolder(SchedulerKnobs(8, 8), min_token_budget=2)
+
+    class Always:
+        def propose(self, token_ids, k):
+            return [1] * k
+
+    sched = Scheduler(SchedulerConfig(2, 256, ()), bm, knobs, Always(), 4)
+    runner = FakeRunner(256, 4, VOCAB)
+    a = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=50, temperature=0.0))
+    sched.add(a)
+    out = sched.schedule()
+    sched.update(out, runner.execute(out))  # a's prompt done
+    sched.add(Sequence("b", list(range(1, 20)), SamplingParams(max_tokens=5, temperature=0.0)))
+    out = sched.schedule()
+    # a: 1 + 4 drafts = 5 of the 8; b's prompt chunk gets the 3 left
+    assert [(c.seq.request_id, c.num_tokens, len(c.draft_token_ids)) for c in out.chunks] == [("a", 5, 4), ("b", 3, 0)]
+    assert out.num_decodes == 1 and out.num_draft_tokens == 4 and out.num_prefill_tokens == 3
+
+
+def test_a_sequence_whose_drafts_are_rejected_stops_drafting_for_a_while():
+    bm = BlockManager(64, 4)
+    knobs = KnobHolder(SchedulerKnobs(16, 8), min_token_budget=1)
+
+    class Wrong:
+        calls = 0
+
+        def propose(self, token_ids, k):
+            Wrong.calls += 1
+            return [(next_token(list(token_ids), VOCAB) + 1) % VOCAB] * k  # never the model's token
+
+    sched = Scheduler(SchedulerConfig(1, 512, ()), bm, knobs, Wrong(), 3)
+    runner = FakeRunner(256, 4, VOCAB)
+    s = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=60, temperature=0.0))
+    sched.add(s)
+    while sched.has_work:
+        out = sched.schedule()
+        sched.update(out, runner.execute(out))
+    # 59 decode steps: pauses of 4, 8, 16, 32 after each rejected try leave 5 tries, not 59
+    assert Wrong.calls <= 6, Wrong.calls
+    assert s.output_token_ids == reference_output([1, 2, 3], 60, VOCAB)
