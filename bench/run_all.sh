@@ -28,6 +28,8 @@ echo "== controllers_scale (the operator and the tuner on a real API server with
 "$PY" bench/controllers_scale.py
 echo "== quantization (float32, int8, int4 side by side; llama.cpp where llama-cpp-python is installed)"
 "$PY" bench/quantization.py
+echo "== speculative decoding (n-gram drafts on and off, batch 1 and 8, outputs that repeat the prompt and ones that do not)"
+"$PY" bench/speculative.py
 echo "== demo_runs (three demos in a row)"
 "$PY" bench/demo_runs.py --runs 3
 echo "== demo_runs with a busy minute during each first check (issue 41's recipe)"

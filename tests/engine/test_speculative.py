@@ -84,17 +84,21 @@ def test_greedy_with_drafts_equals_transformers(smollm2_dir, prompt_ids, referen
 
 
 def test_sampled_and_logprob_requests_run_with_drafts(smollm2_dir, prompt_ids):
-    """Sampled requests verify by rejection sampling (seeded: the same tokens twice); a request asking for
-    logprobs opts out of drafts (its logprobs are one per token, as without speculation)."""
+    """Sampled requests verify by rejection sampling; seeded ones opt out of drafts (whether a decode gets drafts
+    depends on its batch, and a seeded request's tokens must not), and so do requests asking for logprobs (theirs
+    are one per token, as without speculation)."""
     llm = LLM(smollm2_dir, dtype="float32", max_num_seqs=4, token_budget=64, max_chunk=64, max_model_len=512,
               speculative_config=SPEC)
     try:
         totals = counting(llm.engine)
+        outs = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.7, ignore_eos=True))
+        assert all(len(o.token_ids) == NEW_TOKENS for o in outs) and totals["drafts"] > 0
+        before = totals["drafts"]
         params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.7, seed=5, ignore_eos=True)
-        first = llm.generate(PROMPTS[:2], params)
-        again = llm.generate(PROMPTS[:2], params)
-        assert [o.token_ids for o in first] == [o.token_ids for o in again]
-        assert all(len(o.token_ids) == NEW_TOKENS for o in first) and totals["drafts"] > 0
+        alone = llm.generate(PROMPTS[:1], params)[0].token_ids
+        batched = llm.generate(PROMPTS[:3], [params] + [SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)] * 2)
+        assert batched[0].token_ids == alone
+        assert totals["drafts"] > before  # the greedy ones beside it drafted; the seeded one did not
         before = totals["drafts"]
         lp = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=8, temperature=0.0, logprobs=2))[0]
         assert totals["drafts"] == before and len(lp.logprobs) == len(lp.token_ids) == 8

@@ -143,3 +143,49 @@ def test_a_sequence_whose_drafts_are_rejected_stops_drafting_for_a_while():
     # 59 decode steps: pauses of 4, 8, 16, 32 after each rejected try leave 5 tries, not 59
     assert Wrong.calls <= 6, Wrong.calls
     assert s.output_token_ids == reference_output([1, 2, 3], 60, VOCAB)
+
+
+def test_drafts_take_blocks_last_and_never_preempt():
+    """Three blocks of 4: a decode that would draft into the last free block, and a running prompt whose next
+    chunk needs that block. The prompt gets it; the decode keeps only the drafts its own block holds (none here);
+    nobody is preempted."""
+    bm = BlockManager(3, 4)
+    knobs = KnobHolder(SchedulerKnobs(16, 4), min_token_budget=2)
+
+    class Always:
+        def propose(self, token_ids, k):
+            return [1] * k
+
+    sched = Scheduler(SchedulerConfig(2, 64, ()), bm, knobs, Always(), 4)
+    runner = FakeRunner(12, 4, VOCAB)
+    a = Sequence("a", [1, 2], SamplingParams(max_tokens=4, temperature=0.0))
+    sched.add(a)
+    out = sched.schedule()
+    sched.update(out, runner.execute(out))  # a: decoding, one block
+    b = Sequence("b", list(range(3, 11)), SamplingParams(max_tokens=1, temperature=0.0))
+    sched.add(b)
+    out = sched.schedule()  # b's first 4 tokens take a block; a's drafts the last one, taken after b's
+    sched.update(out, runner.execute(out))  # a's drafts (never the model's) rejected: their block given back
+    out = sched.schedule()  # b's next 4 tokens need the one free block, which a's drafts would want too
+    chunks = {c.seq.request_id: c for c in out.chunks}
+    assert not out.preempted and chunks["b"].num_tokens == 4
+    assert chunks["a"].draft_token_ids == [] and chunks["a"].num_tokens == 1
+    sched.update(out, runner.execute(out))
+    while sched.has_work:
+        out = sched.schedule()
+        sched.update(out, runner.execute(out))
+    assert a.output_token_ids == reference_output([1, 2], 4, VOCAB)
+    assert b.output_token_ids == reference_output(list(range(3, 11)), 1, VOCAB)
+    assert bm.num_free_blocks == 3
+
+
+def test_blocks_given_back_after_a_verification_are_reused_first():
+    """They hold nothing a prefix-cache lookup could hit: the free list hands them out before any named block."""
+    bm = BlockManager(8, 2)
+    s = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=10, temperature=0.0))
+    assert bm.allocate_prompt(s, 3)
+    s.num_computed_tokens = 3
+    assert bm.ensure_slots(s, 5)  # a decode and 4 drafts: blocks up to position 7
+    spare = s.block_table[2:]
+    bm.trim(s)  # no draft kept: back to the blocks of its 3 tokens
+    assert len(s.block_table) == 2 and list(bm._free)[: len(spare)] == spare

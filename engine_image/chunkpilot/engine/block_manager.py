@@ -143,6 +143,7 @@ class BlockManager:
             if self.ref_counts[b] != 0:
                 raise RuntimeError(f"block {b} past sequence {seq.request_id}'s computed tokens is shared")
             self._free[b] = None
+            self._free.move_to_end(b, last=False)  # unnamed: reused first, before any block a prefix could hit
         del seq.block_table[keep:]
 
     def free(self, seq: Sequence) -> None:

@@ -7,7 +7,8 @@ out, the newest running sequence is preempted and later recomputed (vLLM's recom
 With speculative decoding on (speculative.py), a decode may carry draft tokens from the proposer: they come out of
 the budget left after every decode has its one token and before any prompt chunk, so the stall-free rule holds
 (decodes first, each at least one token, the step within its budget); a decode with k drafts costs 1 + k tokens.
-Drafts never preempt anyone: a decode gets them only where its blocks have room. After the step the sequence keeps
+Drafts never preempt anyone: their KV blocks are taken last, after the prompts' chunks have theirs, and a decode
+keeps only the drafts that fit in what is left. After the step the sequence keeps
 the drafts the sampler accepted and one token of the model's own, and gives back the blocks only rejected drafts
 used.
 
@@ -150,6 +151,7 @@ class Scheduler:
         if self.proposer is not None and budget > 0:
             budget -= self._draft(out.chunks, budget)
         out.num_decodes = len(out.chunks)
+        decodes = list(out.chunks)
 
         # 2. Continue prompts already running (chunked), oldest first.
         for seq in list(self.running):
@@ -184,6 +186,8 @@ class Scheduler:
         #    Preempting the newest guarantees the oldest can finish (the pool holds one max-length sequence).
         if not out.chunks and self.running and len(self.running) > 1:
             self._preempt(self.running[-1], out)
+        if self.proposer is not None:
+            self._place_drafts(decodes)
         return out
 
     def update(self, sched: SchedulerOutput, result: RunnerOutput) -> list[Sequence]:
@@ -222,6 +226,10 @@ class Scheduler:
                 break
             if seq.params.logprobs is not None:  # per-token logprobs of verified runs are not reported yet
                 continue
+            if seq.params.seed is not None and not seq.params.greedy:
+                # a seeded request's tokens must not depend on its batch; whether it gets drafts does (the budget
+                # and blocks others leave), and verification draws from its generator differently
+                continue
             if seq.drafts_paused > 0:
                 seq.drafts_paused -= 1
                 continue
@@ -231,12 +239,25 @@ class Scheduler:
             if room <= 0:
                 continue
             drafts = self.proposer.propose(seq.token_ids, room)
-            if not drafts or not self.block_manager.ensure_slots(seq, 1 + len(drafts)):
+            if not drafts:
                 continue
             chunk.draft_token_ids = drafts
             chunk.num_tokens += len(drafts)
             used += len(drafts)
         return used
+
+    def _place_drafts(self, decodes: list[ScheduledChunk]) -> None:
+        """KV slots for the drafts, once every prompt chunk of the step has its own: all of a decode's drafts where
+        blocks are free, else those that fit in the blocks it holds (the budget they were given stays unused)."""
+        bm = self.block_manager
+        for chunk in decodes:
+            drafts = chunk.draft_token_ids
+            if not drafts or bm.ensure_slots(chunk.seq, 1 + len(drafts)):
+                continue
+            seq = chunk.seq
+            fit = max(0, len(seq.block_table) * bm.block_size - seq.num_computed_tokens - 1)
+            chunk.draft_token_ids = drafts[:fit]
+            chunk.num_tokens = 1 + fit
 
     def _verified(self, seq: Sequence, tokens: list[int], drafted: int) -> None:
         """Append what the sampler kept of a decode's drafts (and its own token), up to the first stop; the KV of

@@ -37,7 +37,7 @@ class PlannedChunk:
 
 @dataclass(slots=True)
 class StepPlan:
-    chunks: list[PlannedChunk]  # decodes first (those with drafts after those without), then prefill chunks
+    chunks: list[PlannedChunk]  # decodes first (with or without drafts, in the scheduler's order), then prefills
     # Decodes, drafts or not: attention groups them by context length; a group holding a decode with k drafts
     # pads its queries to 1 + k (a group of its own would cost more: model_runner.GROUP_COST_SLOTS)
     num_decodes: int
