@@ -21,7 +21,14 @@ from .fake_runner import FakeRunner, next_token, reference_output
 VOCAB = 50
 
 
-class RandomProposer:
+class PerSequence:
+    """The proposers' batch interface over a per-sequence `propose`, as NgramProposer has it."""
+
+    def propose_batch(self, requests):
+        return [self.propose(ids, k) for ids, k in requests]
+
+
+class RandomProposer(PerSequence):
     """The true continuation (as the fake model would write it), cut short, with a wrong token somewhere, or
     nothing but wrong tokens; each at random."""
 
@@ -105,7 +112,7 @@ def test_drafts_come_out_of_the_budget_left_after_decodes_and_before_prompts():
     bm = BlockManager(64, 4)
     knobs = KnobHolder(SchedulerKnobs(8, 8), min_token_budget=2)
 
-    class Always:
+    class Always(PerSequence):
         def propose(self, token_ids, k):
             return [1] * k
 
@@ -122,27 +129,36 @@ def test_drafts_come_out_of_the_budget_left_after_decodes_and_before_prompts():
     assert out.num_decodes == 1 and out.num_draft_tokens == 4 and out.num_prefill_tokens == 3
 
 
-def test_a_sequence_whose_drafts_are_rejected_stops_drafting_for_a_while():
-    bm = BlockManager(64, 4)
-    knobs = KnobHolder(SchedulerKnobs(16, 8), min_token_budget=1)
+def drafting_calls(propose, max_tokens: int, k: int, threshold: float | None = None) -> int:
+    """Run one greedy sequence to its end with drafts from `propose(token_ids, k)`; its output must be the model's
+    own whatever was drafted. Returns how often the proposer was asked."""
+    calls = []
 
-    class Wrong:
-        calls = 0
+    class Counted(PerSequence):
+        def propose(self, token_ids, room):
+            calls.append(room)
+            return propose(token_ids, room)
 
-        def propose(self, token_ids, k):
-            Wrong.calls += 1
-            return [(next_token(list(token_ids), VOCAB) + 1) % VOCAB] * k  # never the model's token
-
-    sched = Scheduler(SchedulerConfig(1, 512, ()), bm, knobs, Wrong(), 3)
+    sched = Scheduler(SchedulerConfig(1, 512, ()), BlockManager(64, 4), KnobHolder(SchedulerKnobs(16, 8),
+                                                                                    min_token_budget=1), Counted(), k)
+    if threshold is not None:
+        sched.min_acceptance = threshold
     runner = FakeRunner(256, 4, VOCAB)
-    s = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=60, temperature=0.0))
+    s = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=max_tokens, temperature=0.0))
     sched.add(s)
     while sched.has_work:
         out = sched.schedule()
         sched.update(out, runner.execute(out))
+    assert s.output_token_ids == reference_output([1, 2, 3], max_tokens, VOCAB)
+    return len(calls)
+
+
+def test_a_sequence_whose_drafts_are_rejected_stops_drafting_for_a_while():
+    def wrong(token_ids, k):
+        return [(next_token(list(token_ids), VOCAB) + 1) % VOCAB] * k  # never the model's token
+
     # 59 decode steps: pauses of 4, 8, 16, 32 after each rejected try leave 5 tries, not 59
-    assert Wrong.calls <= 6, Wrong.calls
-    assert s.output_token_ids == reference_output([1, 2, 3], 60, VOCAB)
+    assert drafting_calls(wrong, 60, 3) <= 6
 
 
 def test_drafts_take_blocks_last_and_never_preempt():
@@ -152,7 +168,7 @@ def test_drafts_take_blocks_last_and_never_preempt():
     bm = BlockManager(3, 4)
     knobs = KnobHolder(SchedulerKnobs(16, 4), min_token_budget=2)
 
-    class Always:
+    class Always(PerSequence):
         def propose(self, token_ids, k):
             return [1] * k
 
@@ -189,3 +205,41 @@ def test_blocks_given_back_after_a_verification_are_reused_first():
     spare = s.block_table[2:]
     bm.trim(s)  # no draft kept: back to the blocks of its 3 tokens
     assert len(s.block_table) == 2 and list(bm._free)[: len(spare)] == spare
+
+
+def test_the_break_even_acceptance_is_measured_per_batch_size():
+    """Decode-only steps as this CPU ran them: batch 1 costs 33 ms with or without 2 drafts (rows 1-3 cost alike),
+    batch 8 costs 73 ms and 88 ms with 2 drafts (7.5 ms a draft): drafts must be kept 8 x 7.5 / 73 = 82 % of the
+    time to pay at batch 8, hardly at all at batch 1. A batch size not seen borrows the nearest one's costs;
+    until one has been seen with and without drafts, nothing is asked beyond the scheduler's floor."""
+    import pytest
+
+    from chunkpilot.engine.draft_cost import MIN_SAMPLES, RowCost
+
+    cost = RowCost()
+    assert cost.break_even(8) == 0.0
+    for _ in range(MIN_SAMPLES - 1):
+        cost.add(8, 0, 0.073)
+        cost.add(8, 2, 0.088)
+    assert cost.break_even(8) == 0.0  # too few steps
+    for _ in range(20):
+        cost.add(8, 0, 0.073)
+        cost.add(8, 2, 0.088)
+        cost.add(1, 0, 0.033)
+        cost.add(1, 2, 0.033)
+    assert cost.break_even(8) == pytest.approx(8 * 0.0075 / 0.073)
+    assert cost.break_even(1) == 0.0  # free rows
+    assert cost.break_even(7) == pytest.approx(7 * 0.0075 / 0.073)  # not seen yet: batch 8's costs, for 7
+    for _ in range(40):  # eight decodes drafting 16 tokens at 3 ms each: the share needed falls to a third
+        cost.add(8, 16, 0.073 + 16 * 0.003)
+    assert cost.break_even(8) == pytest.approx(8 * 0.003 / 0.073, rel=0.05)
+
+
+def test_a_sequence_pauses_below_the_threshold_the_engine_sets():
+    """The same drafts, kept half the time: under the floor (30 %) the sequence goes on drafting; with the
+    threshold a batch of 8 measures (62 %), it pauses."""
+    def half_right(token_ids, k):
+        right = next_token(list(token_ids), VOCAB)
+        return [right, (right + 1) % VOCAB]
+
+    assert drafting_calls(half_right, 40, 2, 0.3) > 15 and drafting_calls(half_right, 40, 2, 0.62) <= 6

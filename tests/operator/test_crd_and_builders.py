@@ -186,6 +186,42 @@ def test_speculative_decoding_reaches_the_engine_as_the_config_it_parses():
     assert "is set by the operator" in b.rules.arg_refusal("--speculative-config={}")
 
 
+def test_a_draft_model_is_mounted_beside_the_model_and_named_in_the_engine_config():
+    """method draft_model with draftModel pvc://CLAIM/PATH: the claim is mounted read-only at /draft-model and the
+    engine's config names the folder in the pod; draftModel without the method, or the method without it, is
+    refused by the CEL rule and the operator alike; a host path goes through the same policy as the model's."""
+    from pydantic import ValidationError
+
+    from chunkpilot.api.types import DRAFT_MODEL_RULE_MESSAGE
+    from chunkpilot.engine.speculative import SpeculativeConfig
+    from chunkpilot.operator.policy import Policy, PolicyError
+
+    doc = yaml.safe_load(SMOL.read_text())
+    doc["metadata"]["uid"] = "1234-abcd"
+    doc["spec"].setdefault("engine", {})["speculative"] = {"method": "draft_model", "draftModel": "pvc://drafts/smol-4l",
+                                                           "numSpeculativeTokens": 3}
+    obj = InferenceDeployment.model_validate(doc)
+    env = {e["name"]: e.get("value") for e in b.engine_env(obj, "/models")}
+    assert SpeculativeConfig.parse(env["CHUNKPILOT_SPECULATIVE_CONFIG"]) == SpeculativeConfig(
+        method="draft_model", model="/draft-model/smol-4l", num_speculative_tokens=3)
+    pod = b.deployment(obj)["spec"]["template"]["spec"]
+    assert {"name": "draft-model", "persistentVolumeClaim": {"claimName": "drafts", "readOnly": True}} in pod["volumes"]
+    assert {"name": "draft-model", "mountPath": "/draft-model", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    spec = doc["spec"]
+    for bad in ({"method": "draft_model"}, {"draftModel": "image:///draft"}):
+        spec["engine"]["speculative"] = bad
+        failed = {m for r, m, v, _ in _cel_rules(openapi_schema()["properties"]["spec"], spec) if not _cel_ok(r, v)}
+        assert failed == {DRAFT_MODEL_RULE_MESSAGE}, bad
+        with pytest.raises(ValidationError, match=DRAFT_MODEL_RULE_MESSAGE):
+            InferenceDeployment.model_validate(doc)
+    spec["engine"]["speculative"] = {"method": "draft_model", "draftModel": "hf://HuggingFaceTB/SmolLM2-135M"}
+    with pytest.raises(ValidationError, match="pattern"):
+        InferenceDeployment.model_validate(doc)
+    spec["engine"]["speculative"] = {"method": "draft_model", "draftModel": "hostpath:///srv/drafts"}
+    with pytest.raises(PolicyError, match="spec.engine.speculative.draftModel .*not allowed"):
+        b.validate(InferenceDeployment.model_validate(doc), b.OperatorSettings(policy=Policy(allowed_host_paths=("/models",))))
+
+
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_rendered_objects_pass_kubernetes_schemas(sample, version):

@@ -30,7 +30,7 @@ def generate(
     threads: Optional[int] = typer.Option(None, help="CPU threads for torch (default: torch's choice)."),
     attention_backend: str = typer.Option("auto", help="auto | sdpa | varlen (FlashAttention on CUDA, checked at start-up)."),
     quantization: Optional[str] = typer.Option(None, "--quantization", "-q", help="Weight-only quantization at load time: int8 | int4 (CPU) | fp8 (Hopper GPUs) | none."),
-    speculative_config: Optional[str] = typer.Option(None, "--speculative-config", help="Speculative decoding as JSON (vLLM's flag), e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'."),
+    speculative_config: Optional[str] = typer.Option(None, "--speculative-config", help="Speculative decoding as JSON (vLLM's flag), e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}' or '{\"model\": \"DRAFT_DIR\"}'."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", envvar="CHUNKPILOT_TENSOR_PARALLEL_SIZE", help="GPUs (ranks) to split the model across; the engine starts its own worker processes."),
 ) -> None:
     """Generate text offline with the engine and print it, with tokens/s."""
@@ -96,7 +96,7 @@ def serve(
     threads: Optional[int] = typer.Option(None, envvar=_env("THREADS"), help="CPU threads for torch."),
     attention_backend: str = typer.Option("auto", envvar=_env("ATTENTION_BACKEND"), help="auto | sdpa | varlen."),
     quantization: Optional[str] = typer.Option(None, "--quantization", "-q", envvar=_env("QUANTIZATION"), help="Weight-only quantization of the linear layers at load time (vLLM's flag): int8 (per channel) | int4 (groups of 32) on the CPU, fp8 on Hopper GPUs, or none."),
-    speculative_config: Optional[str] = typer.Option(None, "--speculative-config", envvar=_env("SPECULATIVE_CONFIG"), help="Speculative decoding as JSON (vLLM's flag): method ngram (prompt lookup), num_speculative_tokens 1-16, prompt_lookup_min/max; e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'. Off by default."),
+    speculative_config: Optional[str] = typer.Option(None, "--speculative-config", envvar=_env("SPECULATIVE_CONFIG"), help="Speculative decoding as JSON (vLLM's flag): method ngram (prompt lookup; prompt_lookup_min/max) or draft_model (\"model\": a smaller model's folder with the same tokenizer), num_speculative_tokens 1-16; e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}' or '{\"model\": \"/models/draft\"}'. Off by default."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", envvar=_env("TENSOR_PARALLEL_SIZE"), help="GPUs (ranks) to split the model across, Megatron-style; the engine starts ranks 1..N-1 as its own processes in the container. Must divide the attention heads and the MLP width."),
     tensor_parallel_timeout: float = typer.Option(120.0, envvar=_env("TENSOR_PARALLEL_TIMEOUT"), help="Seconds a collective between ranks may take (more than the slowest step); a rank that hangs longer makes the engine exit non-zero, so the pod restarts."),
     grace_period: float = typer.Option(30.0, envvar=_env("GRACE_PERIOD"), help="Seconds in-flight requests may finish after SIGTERM."),

@@ -18,6 +18,9 @@ SINGULAR = "inferencedeployment"
 SHORT_NAMES = ["infd"]
 
 MODEL_SOURCE_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|hostpath:///.+|image:///.+|hf://[^@\s]+(@[^\s]+)?)$"
+# a draft model comes from a volume or the image; not hf:// (one download init container, one cache claim per pod)
+DRAFT_MODEL_SOURCE_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?|hostpath:///.+|image:///.+)$"
+DRAFT_MODEL_RULE_MESSAGE = "draftModel is set exactly when method is draft_model"
 
 
 def _cel(*rules: tuple[str, str]) -> dict:
@@ -79,11 +82,20 @@ class SpeculativeSpec(_Model):
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
         ("!has(self.promptLookupMin) || !has(self.promptLookupMax) || self.promptLookupMin <= self.promptLookupMax",
-         "promptLookupMin must be <= promptLookupMax")))
+         "promptLookupMin must be <= promptLookupMax"),
+        ("(has(self.method) && self.method == 'draft_model') == has(self.draftModel)", DRAFT_MODEL_RULE_MESSAGE)))
 
     method: Literal[defaults.SPECULATIVE_METHODS] = Field(  # type: ignore[valid-type]
         "ngram", description="ngram: prompt lookup (drafts the tokens that followed the last n tokens' earlier "
-                             "occurrence); pays off where outputs repeat their prompt.")
+                             "occurrence); pays off where outputs repeat their prompt. draft_model: a smaller "
+                             "model with the same tokenizer (draftModel) drafts greedily.")
+    draft_model: str | None = Field(
+        None, alias="draftModel", pattern=DRAFT_MODEL_SOURCE_PATTERN,
+        description="method draft_model only: where the draft model's folder comes from, as spec.model.source: "
+                    "pvc://CLAIM/PATH, hostpath:///PATH or image:///PATH (hf:// is not offered here: download it "
+                    "to a volume). It must share the model's tokenizer; it runs beside the model on rank 0's "
+                    "device with a KV pool of as many blocks as the model's (on GPUs leave it room below "
+                    "gpuMemoryUtilization).")
     num_speculative_tokens: int = Field(defaults.NUM_SPECULATIVE_TOKENS, alias="numSpeculativeTokens", ge=1,
                                         le=defaults.MAX_SPECULATIVE_TOKENS,
                                         description="Draft tokens a decode verifies per step (each costs a token "
@@ -99,14 +111,22 @@ class SpeculativeSpec(_Model):
     def _lookup_range(self) -> "SpeculativeSpec":
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("promptLookupMin must be <= promptLookupMax")
+        if (self.method == "draft_model") != (self.draft_model is not None):
+            raise ValueError(f"{DRAFT_MODEL_RULE_MESSAGE}: set draftModel with method draft_model, or neither")
         return self
 
-    def engine_config(self) -> str:
-        """The engine's --speculative-config JSON, in vLLM's field names."""
+    def engine_config(self, draft_model_path: str | None = None) -> str:
+        """The engine's --speculative-config JSON, in vLLM's field names; `draft_model_path`: where the pod mounts
+        draftModel."""
         import json
 
-        out = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
-               "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        out: dict = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.method == "draft_model":
+            if not draft_model_path:
+                raise ValueError("method draft_model needs the draft model's path in the pod")
+            out["model"] = draft_model_path
+        else:
+            out.update(prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
         if self.disable_by_batch_size is not None:
             out["disable_by_batch_size"] = self.disable_by_batch_size
         return json.dumps(out, separators=(",", ":"))

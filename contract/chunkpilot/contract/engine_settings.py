@@ -19,7 +19,7 @@ CPU_QUANTIZATION_METHODS = ("int8", "int4")
 # Speculative decoding (chunkpilot.engine.speculative): the engine's --speculative-config and the CRD's
 # engine.speculative. Methods, the most draft tokens a decode may verify, and the default count (2: on the CPU's
 # GEMMs 3 rows cost what 1 does and 4 cost twice as much, measured with SmolLM2's layers).
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16
 NUM_SPECULATIVE_TOKENS = 2
 PROMPT_LOOKUP = (1, 4)  # the n-gram lookup's shortest and longest context (vLLM's prompt_lookup_min/max)

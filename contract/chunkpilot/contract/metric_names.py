@@ -33,12 +33,14 @@ REQUESTS_REJECTED = PREFIX + "requests_rejected_total"
 PREFILL_BUSY_SECONDS = PREFIX + "prefill_busy_seconds_total"
 PREFILL_COMPUTED_TOKENS = PREFIX + "prefill_computed_tokens_total"
 # Speculative decoding (vLLM's spec_decode names): decodes that carried drafts, draft tokens, drafts kept, drafts
-# kept by position (label `position`, 0 = the first draft), and running requests whose drafting is paused.
+# kept by position (label `position`, 0 = the first draft); ours: running requests whose drafting is paused, and
+# the share of drafts a request must keep to go on drafting at the current batch (its measured break-even).
 SPEC_DECODE_DRAFTS = PREFIX + "spec_decode_num_drafts_total"
 SPEC_DECODE_DRAFT_TOKENS = PREFIX + "spec_decode_num_draft_tokens_total"
 SPEC_DECODE_ACCEPTED_TOKENS = PREFIX + "spec_decode_num_accepted_tokens_total"
 SPEC_DECODE_ACCEPTED_PER_POS = PREFIX + "spec_decode_num_accepted_tokens_per_pos_total"
 SPEC_DECODE_PAUSED = PREFIX + "spec_decode_paused_requests"
+SPEC_DECODE_MIN_ACCEPTANCE = PREFIX + "spec_decode_min_acceptance"
 POSITION_LABEL = "position"
 SCHEDULER_TOKEN_BUDGET = PREFIX + "scheduler_token_budget"
 SCHEDULER_MAX_CHUNK = PREFIX + "scheduler_max_chunk"
@@ -60,7 +62,7 @@ ALL_NAMES = (
     ITERATION_TOKENS, NUM_RUNNING, NUM_WAITING, KV_CACHE_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS,
     PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS, REQUESTS_REJECTED, PREFILL_BUSY_SECONDS,
     PREFILL_COMPUTED_TOKENS, SPEC_DECODE_DRAFTS, SPEC_DECODE_DRAFT_TOKENS, SPEC_DECODE_ACCEPTED_TOKENS,
-    SPEC_DECODE_ACCEPTED_PER_POS, SPEC_DECODE_PAUSED, SCHEDULER_TOKEN_BUDGET,
+    SPEC_DECODE_ACCEPTED_PER_POS, SPEC_DECODE_PAUSED, SPEC_DECODE_MIN_ACCEPTANCE, SCHEDULER_TOKEN_BUDGET,
     SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS, STEP_COST_MOMENTS, TENSOR_PARALLEL_SIZE,
     RANK_WEIGHT_BYTES, RANK_KV_CACHE_BYTES,
 )

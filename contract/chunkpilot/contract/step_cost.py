@@ -6,7 +6,8 @@ multiply-adds per step.
 
 The features are chosen so that one linear model with non-negative coefficients fits both cost shapes:
 * overhead (1 per step): Python, kernel launches, sampling;
-* prefill_tokens: weight matmuls; on a CPU a step grows with every prompt token from the first;
+* prefill_tokens: weight matmuls; on a CPU a step grows with every prompt token from the first (a decode's draft
+  tokens under speculative decoding count here too: rows beyond the decode's own);
 * decode_seqs: per-sequence bookkeeping and the decode rows;
 * kv_kilotokens: attention reads; a chunk of n tokens at position s reads n·s + n(n+1)/2 keys (in thousands, so
   the products stay well inside a double's precision over months of counting);
@@ -43,11 +44,14 @@ def features_of(prefill: float, decodes: float, kv_kilo: float) -> tuple[float, 
 
 
 def step_features(chunks: Iterable[tuple[int, int, bool]]) -> tuple[float, ...]:
-    """chunks: (start position, number of tokens, is a decode) for every sequence in the step."""
+    """chunks: (start position, number of tokens, is a decode) for every sequence in the step. A decode with k
+    draft tokens (n = 1 + k) is one decode sequence (its bookkeeping, sampling and verification) and k more
+    token rows, counted with the prompt tokens."""
     prefill = decodes = kv = 0.0
     for start, n, is_decode in chunks:
         if is_decode:
             decodes += 1
+            prefill += n - 1  # a decode's draft tokens (speculative decoding): more rows, as a prompt's are
         else:
             prefill += n
         kv += kv_kilotokens(start, n)

@@ -265,6 +265,7 @@ class AsyncEngine:
         m.waiting.set(stats.num_waiting)
         m.kv_usage.set(stats.kv_usage)
         m.spec_paused.set(stats.num_drafts_paused)
+        m.spec_min_acceptance.set(stats.draft_min_acceptance)
         self.publish_knobs()
 
     def publish_knobs(self) -> None:

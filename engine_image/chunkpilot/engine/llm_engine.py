@@ -23,7 +23,8 @@ from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.model_config import ModelConfig
 from chunkpilot.engine.outputs import RequestOutput, TokenLogprob
 from chunkpilot.engine.sampling_params import SamplingParams
-from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
+from chunkpilot.engine.draft_cost import RowCost
+from chunkpilot.engine.scheduler import MIN_ACCEPTANCE, Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import FinishReason, Sequence
 from chunkpilot.contract.step_cost import step_features
 from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -69,6 +70,7 @@ class LLMEngine:
         self._pending_lock = threading.Lock()
         self._live: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
         self.last_step = StepStats()
+        self._row_cost = RowCost() if config.speculative_config else None
         # Move everything built so far (model, tokenizer, pools) out of the garbage collector's generations:
         # full collections then scan far less, which shortens the pauses that show up as inter-token spikes.
         gc.collect()
@@ -105,9 +107,15 @@ class LLMEngine:
         spec = config.speculative_config
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs,
-            spec.proposer() if spec else None, spec.num_speculative_tokens if spec else 0,
+            self._proposer(spec) if spec else None, spec.num_speculative_tokens if spec else 0,
             spec.disable_by_batch_size if spec else None,
         )
+
+    def _proposer(self, spec):
+        """A draft model gets its own engine on this process's device (rank 0's under tensor parallelism), with
+        as many KV blocks as this one, so it can keep every running sequence's context."""
+        return spec.proposer(self.config, max_model_len=self.max_model_len, num_blocks=self.kv_cache.num_blocks,
+                             vocab_size=self.model_config.vocab_size, tokenizer=self.tokenizer)
 
     def close(self, *, force: bool = False) -> None:
         """Stop the tensor-parallel workers: they finish and exit 0. `force` kills them instead (the step loop
@@ -227,7 +235,8 @@ class LLMEngine:
         running = self.scheduler.running
         return SchedulerStats(self.last_step, len(running), len(self.scheduler.waiting), bm.usage,
                               bm.prefix_queries, bm.prefix_hits, self.scheduler.num_preemptions,
-                              sum(1 for seq in running if seq.drafts_paused > 0))
+                              sum(1 for seq in running if seq.drafts_paused > 0),
+                              self.scheduler.min_acceptance if self._row_cost is not None else 0.0)
 
     # ---- the step ---------------------------------------------------------------------------------------
     def _drain(self) -> list[RequestOutput]:
@@ -265,14 +274,22 @@ class LLMEngine:
             torch.cuda.synchronize(self.device)
         self.last_step = StepStats(
             sched.num_tokens, sched.num_decodes, sched.num_prefill_tokens, time.perf_counter() - t0, sched.preempted,
-            # a decode with drafts costs what a chunk of 1 + k tokens costs: the step-time model counts them so
-            step_features((c.start, c.num_tokens, i < sched.num_decodes and not c.draft_token_ids)
-                          for i, c in enumerate(sched.chunks)),
+            # a decode with k drafts is a decode and k token rows to the step-time model (step_cost)
+            step_features((c.start, c.num_tokens, i < sched.num_decodes) for i, c in enumerate(sched.chunks)),
             **_draft_counts(sched, result),
         )
+        if self._row_cost is not None:
+            self._draft_threshold(sched)
         for seq in self.scheduler.update(sched, result):
             outputs.append(self._advance(seq, result.logprobs.get(seq.request_id)))
         return outputs
+
+    def _draft_threshold(self, sched) -> None:
+        """Measure what drafts cost on decode-only steps and set the acceptance the scheduler's pause rule asks of
+        this step's drafts: the break-even for its batch size, at least MIN_ACCEPTANCE (draft_cost.py)."""
+        if sched.num_prefill_tokens == 0:
+            self._row_cost.add(sched.num_decodes, sched.num_draft_tokens, self.last_step.seconds)
+        self.scheduler.min_acceptance = max(MIN_ACCEPTANCE, self._row_cost.break_even(sched.num_decodes))
 
     def _execute(self, sched):
         workers = self._workers

@@ -68,6 +68,8 @@ class EngineMetrics:
                                      "(0 = the first).", [MODEL_LABEL, POSITION_LABEL], registry=r)
         self.spec_paused = gauge(SPEC_DECODE_PAUSED, "Running requests whose drafts were kept too rarely to pay "
                                  "for verification: drafting paused (speculation switched itself off for them).")
+        self.spec_min_acceptance = gauge(SPEC_DECODE_MIN_ACCEPTANCE, "Share of its drafts a request must keep to go "
+                                         "on drafting: the floor or the measured break-even at the current batch.")
         self.request_success = Counter(
             _base(REQUEST_SUCCESS), "Finished requests by finish reason.", [MODEL_LABEL, "finished_reason"], registry=r
         )

@@ -1,6 +1,8 @@
 """Draft-token proposers for speculative decoding: something cheaper than the model guesses the next few tokens of
-a sequence, and the model checks them all in one step (issue 38; the verification in the step loop is not built
-yet). One small interface, so a draft model can stand beside the n-gram lookup.
+a sequence, and the model checks them all in one step (the step loop: scheduler.py, model_runner.py, sampler.py).
+One small interface, so that the n-gram lookup here and a draft model (draft_model.py) stand side by side: a batch
+of (tokens so far, how many drafts at most) in, one list of drafts per entry out. It is a batch because a draft
+model drafts for every decode of the step at once.
 
 `NgramProposer` is prompt-lookup decoding (vLLM's `ngram` method): find an earlier place where the sequence's last
 n tokens occurred (the longest n from `max_n` down to `min_n`) and propose the tokens that followed it there. It
@@ -18,8 +20,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 
 class Proposer(Protocol):
-    def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
-        """Up to k draft tokens to follow `token_ids` (prompt and output so far); [] when there is no guess."""
+    def propose_batch(self, requests: list[tuple[Sequence[int], int]]) -> list[list[int]]:
+        """For each (token_ids, k): up to k draft tokens to follow `token_ids` (prompt and output so far); [] when
+        there is no guess. Drafts are one guess each (no distribution): verification treats them as certain."""
         ...
 
 
@@ -32,6 +35,9 @@ class NgramProposer:
         if not 1 <= self.min_n <= self.max_n:
             raise ValueError(f"the n-gram lookup needs 1 <= min_n <= max_n, got min_n={self.min_n}, "
                              f"max_n={self.max_n}")
+
+    def propose_batch(self, requests: list[tuple[Sequence[int], int]]) -> list[list[int]]:
+        return [self.propose(ids, k) for ids, k in requests]
 
     def propose(self, token_ids: Sequence[int], k: int) -> list[int]:
         ids = np.asarray(token_ids, dtype=np.int64)

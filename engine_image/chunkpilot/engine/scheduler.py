@@ -30,10 +30,12 @@ from chunkpilot.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 # A verification token costs about a fifth of a batch-1 decode step on the CPU (measured: 5 tokens of SmolLM2
 # at 1.75x one token's step time), so drafts pay while the model keeps more than that share of them. A sequence
-# whose recent drafts fall below MIN_ACCEPTANCE drafts nothing for a pause of decode steps, then tries again (its
-# text may have reached a part that quotes the prompt); each failed try doubles the pause, a kept one resets it:
-# a text that never repeats costs a few tries, one that starts repeating late is found again soon.
-MIN_ACCEPTANCE = 0.3  # 0.25 and 0.4 measured alike (bench/speculative.py)
+# whose recent drafts fall below the step's threshold drafts nothing for a pause of decode steps, then tries again
+# (its text may have reached a part that quotes the prompt); each failed try doubles the pause, a kept one resets
+# it: a text that never repeats costs a few tries, one that starts repeating late is found again soon. The
+# threshold is MIN_ACCEPTANCE or, where higher, the break-even acceptance of the step's batch that the engine
+# measures (draft_cost.py; larger batches need more kept drafts to pay for their rows).
+MIN_ACCEPTANCE = 0.3  # 0.25 and 0.4 measured alike at batch 1 (bench/speculative.py)
 DRAFT_PAUSES = (4, 32)  # the first pause and the longest
 ACCEPTANCE_WEIGHT = 0.5  # of the newest step in the moving average
 
@@ -100,6 +102,9 @@ class Scheduler:
         self.proposer = proposer if num_speculative_tokens > 0 else None
         self.num_speculative_tokens = num_speculative_tokens
         self.disable_drafts_above = disable_drafts_above
+        # the share of a sequence's drafts that must be kept for it to go on drafting, for the step being
+        # verified; the engine raises it to the step's measured break-even (draft_cost.py)
+        self.min_acceptance = MIN_ACCEPTANCE
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # kept in arrival order
         self.num_preemptions = 0
@@ -216,13 +221,16 @@ class Scheduler:
 
     # ---- internals --------------------------------------------------------------------------------------
     def _draft(self, decodes: list[ScheduledChunk], budget: int) -> int:
-        """Give decodes draft tokens, oldest first, out of `budget`; returns the tokens used."""
-        used = 0
+        """Give decodes draft tokens, oldest first, out of `budget`; returns the tokens used. Each decode's room is
+        set aside before the proposer runs (it drafts for the whole batch at once): a decode the proposer has no
+        guess for leaves its room unused this step."""
         if self.disable_drafts_above is not None and len(decodes) > self.disable_drafts_above:
-            return used
+            return 0
+        asked: list[tuple[ScheduledChunk, int]] = []
+        left = budget
         for chunk in decodes:
             seq = chunk.seq
-            if used >= budget:
+            if left <= 0:
                 break
             if seq.params.logprobs is not None:  # per-token logprobs of verified runs are not reported yet
                 continue
@@ -233,17 +241,22 @@ class Scheduler:
             if seq.drafts_paused > 0:
                 seq.drafts_paused -= 1
                 continue
-            room = min(self.num_speculative_tokens, budget - used,
+            room = min(self.num_speculative_tokens, left,
                        seq.params.max_tokens - len(seq.output_token_ids) - 1,  # the model adds one of its own
                        self.config.max_model_len - len(seq) - 1)
-            if room <= 0:
-                continue
-            drafts = self.proposer.propose(seq.token_ids, room)
-            if not drafts:
-                continue
-            chunk.draft_token_ids = drafts
-            chunk.num_tokens += len(drafts)
-            used += len(drafts)
+            if room > 0:
+                asked.append((chunk, room))
+                left -= room
+        if not asked:
+            return 0
+        proposed = self.proposer.propose_batch([(c.seq.token_ids, room) for c, room in asked])
+        used = 0
+        for (chunk, room), drafts in zip(asked, proposed):
+            drafts = list(drafts[:room])  # a proposer that returns more than asked must not overrun the budget
+            if drafts:
+                chunk.draft_token_ids = drafts
+                chunk.num_tokens += len(drafts)
+                used += len(drafts)
         return used
 
     def _place_drafts(self, decodes: list[ScheduledChunk]) -> None:
@@ -264,7 +277,7 @@ class Scheduler:
         every kept token but the newest is in the cache; blocks only rejected drafts used go back to the pool."""
         kept = len(tokens) - 1
         seq.draft_acceptance += ACCEPTANCE_WEIGHT * (kept / drafted - seq.draft_acceptance)
-        if seq.draft_acceptance < MIN_ACCEPTANCE:
+        if seq.draft_acceptance < self.min_acceptance:
             seq.drafts_paused = seq.draft_pause or DRAFT_PAUSES[0]
             seq.draft_pause = min(2 * seq.drafts_paused, DRAFT_PAUSES[1])
         else:

@@ -16,13 +16,19 @@ from dataclasses import dataclass
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.engine.proposers import NgramProposer, Proposer
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from chunkpilot.engine.config import EngineConfig
+    from chunkpilot.engine.tokenizer import Tokenizer
+
 METHODS = defaults.SPECULATIVE_METHODS
 MAX_SPECULATIVE_TOKENS = defaults.MAX_SPECULATIVE_TOKENS
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str = "ngram"
+    method: str = "ngram"  # or "draft_model": a smaller model with the same tokenizer (draft_model.py)
+    model: str | None = None  # the draft model's folder (vLLM's field; setting it alone means draft_model)
     num_speculative_tokens: int = defaults.NUM_SPECULATIVE_TOKENS
     prompt_lookup_min: int = defaults.PROMPT_LOOKUP[0]  # the n-gram lookup's shortest and longest context
     prompt_lookup_max: int = defaults.PROMPT_LOOKUP[1]
@@ -33,6 +39,11 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError('speculative method draft_model needs "model": the draft model\'s folder, a smaller '
+                             "model with the same tokenizer")
+        if self.method != "draft_model" and self.model:
+            raise ValueError(f'speculative "model" is for method draft_model, not {self.method!r}: drop one of them')
         k = self.num_speculative_tokens
         if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
@@ -61,7 +72,17 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(f"speculative config: unknown field(s) {', '.join(sorted(unknown))}; known: "
                              f"{', '.join(cls.__dataclass_fields__)}")
+        if text.get("model") and "method" not in text:
+            text = {**text, "method": "draft_model"}  # as vLLM: a draft model named is the method
         return cls(**text)
 
-    def proposer(self) -> Proposer:
+    def proposer(self, target: "EngineConfig", *, max_model_len: int, num_blocks: int, vocab_size: int,
+                 tokenizer: "Tokenizer") -> Proposer:
+        """The proposer for the target engine `target`, given its context length, KV pool size, model vocabulary
+        size and tokenizer (which a draft model must share)."""
+        if self.method == "draft_model":
+            from chunkpilot.engine.draft_model import DraftModelProposer
+
+            return DraftModelProposer(self.model, target, max_model_len=max_model_len, num_blocks=num_blocks,
+                                      vocab_size=vocab_size, tokenizer=tokenizer)
         return NgramProposer(self.prompt_lookup_min, self.prompt_lookup_max)

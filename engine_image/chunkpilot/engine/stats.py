@@ -38,3 +38,5 @@ class SchedulerStats:
     prefix_hits: int  # of those, tokens found
     num_preemptions: int  # since start
     num_drafts_paused: int = 0  # running sequences whose drafts were kept too rarely to pay: drafting paused
+    # the share of its drafts a sequence must keep to go on drafting, at the last step's batch (draft_cost.py)
+    draft_min_acceptance: float = 0.0

@@ -50,6 +50,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    def vocab(self) -> dict[str, int]:
+        """Every token's spelling and id, added tokens included: two tokenizers with equal vocabs split text alike
+        and number the pieces alike (a draft model must share its target's)."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

@@ -23,6 +23,7 @@ ADMIN_TOKEN_KEY = "token"
 KNOBS_DIR = "/etc/chunkpilot"
 KNOBS_FILE = "knobs.json"
 MODELS_DIR = "/models"
+DRAFT_MODEL_DIR = "/draft-model"  # speculative decoding's draft model, beside the model
 CACHE_DIR = "/cache"
 ENGINE_UID = 10001
 # The annotation on the pod template that changes whenever something that needs a restart changes
@@ -133,25 +134,47 @@ def validate(obj: InferenceDeployment, settings: OperatorSettings = OperatorSett
     if why := knob_refusal(spec):
         raise SpecError(why)
     model_source(obj)
+    draft_model_source(obj)
 
 
 def model_source(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings(),
                  ) -> tuple[str, list[dict], list[dict], list[dict]]:
     """(model path inside the pod, volumes, volume mounts, init containers) for spec.model.source."""
     src = obj.spec.model.source
-    if src.startswith("pvc://"):
-        claim, _, sub = src.removeprefix("pvc://").partition("/")
-        vol = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        return f"{MODELS_DIR}/{sub}".rstrip("/"), [vol], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
-    if src.startswith("hostpath://"):
-        path = src.removeprefix("hostpath://")
-        vol = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
-        return MODELS_DIR, [vol], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
-    if src.startswith("image://"):
-        return src.removeprefix("image://"), [], [], []
     if src.startswith("hf://"):
         return _hub_download(obj, settings)
-    raise SpecError(f"spec.model.source {src!r} has an unknown scheme; use pvc://, hostpath://, image:// or hf://")
+    mounted = _mounted_source(src, "model", MODELS_DIR)
+    if mounted is None:
+        raise SpecError(f"spec.model.source {src!r} has an unknown scheme; use pvc://, hostpath://, image:// or hf://")
+    return (*mounted, [])
+
+
+def draft_model_source(obj: InferenceDeployment) -> tuple[str | None, list[dict], list[dict]]:
+    """(draft model path inside the pod, volumes, volume mounts) for spec.engine.speculative.draftModel; no path
+    without a draft model."""
+    spec = obj.spec.engine.speculative
+    if spec is None or spec.draft_model is None:
+        return None, [], []
+    mounted = _mounted_source(spec.draft_model, "draft-model", DRAFT_MODEL_DIR)
+    if mounted is None:
+        raise SpecError(f"spec.engine.speculative.draftModel {spec.draft_model!r} has an unknown scheme; use "
+                        "pvc://, hostpath:// or image://")
+    return mounted
+
+
+def _mounted_source(src: str, volume: str, mount_dir: str) -> tuple[str, list[dict], list[dict]] | None:
+    """A model folder on a volume or in the image: (its path in the pod, volumes, mounts); None for other schemes."""
+    mount = [{"name": volume, "mountPath": mount_dir, "readOnly": True}]
+    if src.startswith("pvc://"):
+        claim, _, sub = src.removeprefix("pvc://").partition("/")
+        vol = {"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        return f"{mount_dir}/{sub}".rstrip("/"), [vol], mount
+    if src.startswith("hostpath://"):
+        vol = {"name": volume, "hostPath": {"path": src.removeprefix("hostpath://"), "type": "Directory"}}
+        return mount_dir, [vol], mount
+    if src.startswith("image://"):
+        return src.removeprefix("image://"), [], []
+    return None
 
 
 def _hub_download(obj: InferenceDeployment, settings: OperatorSettings) -> tuple[str, list[dict], list[dict], list[dict]]:
@@ -228,7 +251,7 @@ def engine_env(obj: InferenceDeployment, model_path: str,
     if spec.model.quantization != "none":
         env["CHUNKPILOT_QUANTIZATION"] = spec.model.quantization
     if spec.engine.speculative is not None:
-        env["CHUNKPILOT_SPECULATIVE_CONFIG"] = spec.engine.speculative.engine_config()
+        env["CHUNKPILOT_SPECULATIVE_CONFIG"] = spec.engine.speculative.engine_config(draft_model_source(obj)[0])
     out = [{"name": k, "value": v} for k, v in env.items()]
     if settings.engine_api_key_secret:
         secret, _, key = settings.engine_api_key_secret.partition(":")
@@ -242,6 +265,8 @@ def engine_env(obj: InferenceDeployment, model_path: str,
 def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> dict:
     name, spec = obj.metadata["name"], obj.spec
     model_path, volumes, mounts, inits = model_source(obj, settings)
+    _, draft_volumes, draft_mounts = draft_model_source(obj)
+    volumes, mounts = volumes + draft_volumes, mounts + draft_mounts
     res = spec.engine.resources
     limits: dict[str, str] = {}
     if res.gpus:

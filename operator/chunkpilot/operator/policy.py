@@ -63,15 +63,19 @@ def host_path_under(path: str, prefix: str) -> bool:
 
 
 def check(spec: InferenceDeploymentSpec, policy: Policy, engine_image: str) -> None:
-    src = spec.model.source
-    if src.startswith("hostpath://"):
+    sources = [("spec.model.source", spec.model.source)]
+    if spec.engine.speculative is not None and spec.engine.speculative.draft_model:
+        sources.append(("spec.engine.speculative.draftModel", spec.engine.speculative.draft_model))
+    for field_, src in sources:
+        if not src.startswith("hostpath://"):
+            continue
         path = src.removeprefix("hostpath://")  # what the pod mounts (the CRD's pattern makes it start with /)
         if not host_path_canonical(path):
-            raise PolicyError(f"spec.model.source {src!r}: a host path must be canonical (no '//', '.' or '..' "
+            raise PolicyError(f"{field_} {src!r}: a host path must be canonical (no '//', '.' or '..' "
                               "segments); write it as the directory's plain path")
         if not any(host_path_under(path, p) for p in policy.allowed_host_paths):
             allowed = ", ".join(policy.allowed_host_paths) or "none"
-            raise PolicyError(f"spec.model.source {src!r}: host path {path} is not allowed (allowed prefixes: "
+            raise PolicyError(f"{field_} {src!r}: host path {path} is not allowed (allowed prefixes: "
                               f"{allowed}); use a pvc:// source, or ask the cluster admin to allow it with the "
                               "operator's --allowed-host-path (chart: operator.policy.allowedHostPaths)")
     image = spec.engine.image

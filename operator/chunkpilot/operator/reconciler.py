@@ -197,6 +197,10 @@ class Reconciler:
         claims = []
         if src.startswith("pvc://"):
             claims.append(("spec.model.source", src.removeprefix("pvc://").partition("/")[0], "with the model files"))
+        draft = obj.spec.engine.speculative.draft_model if obj.spec.engine.speculative else None
+        if draft and draft.startswith("pvc://"):
+            claims.append(("spec.engine.speculative.draftModel", draft.removeprefix("pvc://").partition("/")[0],
+                           "with the draft model's files"))
         if src.startswith("hf://") and obj.spec.model.cache_claim:
             claims.append(("spec.model.cacheClaim", obj.spec.model.cache_claim, "writable, for the download"))
         for field_, claim, what in claims:

@@ -26,6 +26,11 @@ class Load:
     prompts: tuple[tuple[float, float], ...]  # (prompt tokens, share of requests): the mix, e.g. from histogram buckets
     running: float  # decodes in flight on average
     mean_context: float = 512.0  # positions a decode attends over, on average
+    # Speculative decoding, per step on average: the decodes that carried drafts and their draft tokens. A decode
+    # with k drafts is a decode and k token rows, costed as the engine counts it (step_cost), and its drafts come
+    # out of the budget before any prompt chunk. 0: off, or nothing drafted.
+    drafting: float = 0.0
+    draft_tokens: float = 0.0
 
     @property
     def mean_prompt_tokens(self) -> float:
@@ -88,29 +93,51 @@ def _chunks(tokens: int, max_chunk: int, start: float) -> list[tuple[float, int]
     return out
 
 
+@dataclass(frozen=True)
+class _Decodes:
+    """What the running decodes put into every step: one decode each, the draft tokens of those with drafts (token
+    rows, counted with the prompt tokens as the engine counts them: step_cost), the keys they read and the
+    budget they use."""
+
+    decodes: int
+    draft_tokens: float
+    kv: float
+
+    @classmethod
+    def of(cls, load: Load) -> "_Decodes":
+        decodes = max(0, round(load.running))
+        drafting = min(float(decodes), max(0.0, load.drafting))
+        k = load.draft_tokens / drafting if drafting > 0 else 0.0  # drafts per drafting decode
+        kv = (decodes - drafting) * kv_kilotokens(load.mean_context, 1) + \
+            drafting * kv_kilotokens(load.mean_context, 1 + k)
+        return cls(decodes, drafting * k, kv)
+
+    @property
+    def budget(self) -> float:
+        return self.decodes + self.draft_tokens
+
+
 def full_step_features(knobs: Knobs, load: Load) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The feature vectors of the two steps these knobs are judged by at this load: decode-only (the running
-    decodes) and full (the decodes plus a full prompt share in chunks of at most max_chunk)."""
-    decodes = max(0, round(load.running))
-    share = max(1, knobs.token_budget - decodes)
-    decode_kv = decodes * kv_kilotokens(load.mean_context, 1)
+    decodes, their drafts too) and full (the decodes plus a full prompt share in chunks of at most max_chunk)."""
+    d = _Decodes.of(load)
+    share = max(1, round(knobs.token_budget - d.budget))
     chunks = _chunks(share, knobs.max_chunk, load.mean_prompt_tokens / 2)
-    return (features_of(0, decodes, decode_kv),
-            features_of(share, decodes, decode_kv + sum(kv_kilotokens(s, n) for s, n in chunks)))
+    return (features_of(d.draft_tokens, d.decodes, d.kv),
+            features_of(share + d.draft_tokens, d.decodes, d.kv + sum(kv_kilotokens(s, n) for s, n in chunks)))
 
 
 def predict(model: StepModel | UpperBound, knobs: Knobs, load: Load, quantile: float = 0.99) -> Prediction:
-    decodes = max(0, round(load.running))
-    share = max(1, knobs.token_budget - decodes)  # what a step has left for prompts
+    d = _Decodes.of(load)
+    share = max(1, round(knobs.token_budget - d.budget))  # what a step has left for prompts
     per_prompt = min(knobs.max_chunk, share)  # one prompt gets at most this many tokens a step
-    decode_kv = decodes * kv_kilotokens(load.mean_context, 1)
     mean_prompt = load.mean_prompt_tokens
 
     def step(chunks: list[tuple[float, int]]) -> float:
         """Seconds of a step with the running decodes and these prompt chunks (from the totals: the screen
         predicts every candidate, thousands of steps each)."""
-        kv = decode_kv + sum(kv_kilotokens(start, n) for start, n in chunks)
-        seconds = model.step_seconds(features_of(sum(n for _, n in chunks), decodes, kv))
+        kv = d.kv + sum(kv_kilotokens(start, n) for start, n in chunks)
+        seconds = model.step_seconds(features_of(sum(n for _, n in chunks) + d.draft_tokens, d.decodes, kv))
         return max(MIN_STEP_SECONDS, seconds)  # a thin window's fit can zero every coefficient a step uses
 
     decode_step = step([])

@@ -145,11 +145,15 @@ class PrometheusMeasurer:
                       src.scalar(rate_query(f"{m.REQUEST_PROMPT_TOKENS}_count", sel, seconds)))
         prompts = prompts_from_buckets(self._buckets(m.REQUEST_PROMPT_TOKENS, seconds), mean or None)
         running = src.scalar(f"sum(avg_over_time({m.NUM_RUNNING}{{{sel}}}[{_w(seconds)}]))") or 0.0
+        # speculative decoding: decodes with drafts and their draft tokens per step (0 where it is off)
+        steps = src.scalar(rate_query(f"{m.ITERATION_TOKENS}_count", sel, seconds))
+        drafting = _ratio(src.scalar(rate_query(m.SPEC_DECODE_DRAFTS, sel, seconds)), steps)
+        draft_tokens = _ratio(src.scalar(rate_query(m.SPEC_DECODE_DRAFT_TOKENS, sel, seconds)), steps)
         if model is None or not prompts or not pods or arrivals <= 0:
             return None
         pods = int(round(pods))
-        return Context(model=model, load=Load(request_rate=arrivals / pods, prompts=prompts, running=running / pods),
-                       pods=pods)
+        return Context(model=model, load=Load(request_rate=arrivals / pods, prompts=prompts, running=running / pods,
+                                              drafting=drafting, draft_tokens=draft_tokens), pods=pods)
 
     def measure(self, seconds: float) -> Window:
         sel, src = self.source.selector, self.source

@@ -7,7 +7,9 @@ predicted. A knob change lands at the next step boundary, as in the engine."""
 
 from __future__ import annotations
 
+import random
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,13 +33,42 @@ from chunkpilot.tuner.step_model import StepModel, fit_moments
 PROMPT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, float("inf"))
 
 
+@dataclass(frozen=True)
+class SimSpeculation:
+    """Speculative decoding in the simulator: every decode the scheduler lets draft gets k drafts, and each is kept
+    with probability `acceptance` while the ones before it were (the first rejection ends the run), as a
+    proposer whose per-position acceptance is that rate. The real scheduler places, verifies, pauses and gives
+    back blocks as in the engine; only which drafts are kept is drawn."""
+
+    num_speculative_tokens: int = 2
+    acceptance: float = 0.6
+    seed: int = 0
+
+    def proposer(self):
+        k = self.num_speculative_tokens
+        return _FixedDrafts(k)
+
+
+class _FixedDrafts:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def propose_batch(self, requests):
+        return [[7] * min(self.k, room) for _, room in requests]  # the ids do not matter: acceptance is drawn
+
+
 class Simulator:
     def __init__(self, cost: StepCost, requests: list[RequestSpec], knobs: Knobs, *, block_size: int = 16,
-                 num_blocks: int = 8192, max_num_seqs: int = 64, max_model_len: int = 16384) -> None:
+                 num_blocks: int = 8192, max_num_seqs: int = 64, max_model_len: int = 16384,
+                 speculative: SimSpeculation | None = None) -> None:
         self.cost = cost
         self.holder = KnobHolder(SchedulerKnobs(knobs.token_budget, knobs.max_chunk, 0), min_token_budget=1)
+        self.speculative = speculative
+        self._accept_rng = random.Random(speculative.seed if speculative else 0)
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len),
-                                   BlockManager(num_blocks, block_size, enable_prefix_caching=False), self.holder)
+                                   BlockManager(num_blocks, block_size, enable_prefix_caching=False), self.holder,
+                                   speculative.proposer() if speculative else None,
+                                   speculative.num_speculative_tokens if speculative else 0)
         self.now = 0.0
         self.pending = deque(sorted(requests, key=lambda r: r.arrival))
         self.records: list[RequestRecord] = []
@@ -50,6 +81,8 @@ class Simulator:
         # (end, the engine's step-cost features..., seconds) of every step: what the engine's step-cost counters
         # sum, so the tuner's model is fitted from the simulator's steps the way it is from Prometheus
         self.step_log: list[tuple[float, ...]] = []
+        # (end, decodes with drafts, draft tokens) of every step: the engine's spec_decode counters
+        self.draft_log: list[tuple[float, int, int]] = []
 
     # -- knobs --------------------------------------------------------------------------------------------
     @property
@@ -92,6 +125,7 @@ class Simulator:
             if out.is_empty:  # everything waits for KV blocks that only arrivals cannot free: let time pass
                 self.now = min(until, self.pending[0].arrival) if self.pending else until
                 continue
+            # a decode with k drafts: a decode and k token rows, costed and counted as the engine counts it
             chunks = [(c.start, c.num_tokens, i < out.num_decodes) for i, c in enumerate(out.chunks)]
             seconds = self.cost.step_seconds(chunks)
             self.now += seconds
@@ -99,18 +133,34 @@ class Simulator:
             self.step_log.append((self.now, *step_cost.step_features(chunks), seconds))
             if out.num_prefill_tokens:
                 self.prefill_busy.append((self.now, seconds, out.num_prefill_tokens))
-            sampled = {c.seq.request_id: 1000 + (c.start % 1000) for c in out.chunks if c.samples}
-            for seq in self.scheduler.update(out, RunnerOutput(sampled=sampled)):
+            if self.speculative is not None:
+                self.draft_log.append((self.now, sum(1 for c in out.chunks if c.draft_token_ids),
+                                       out.num_draft_tokens))
+            sampled, verified = {}, {}
+            for c in out.chunks:
+                own = 1000 + (c.start % 1000)
+                if c.draft_token_ids:
+                    verified[c.seq.request_id] = self._kept(c.draft_token_ids) + [own]
+                elif c.samples:
+                    sampled[c.seq.request_id] = own
+            for seq in self.scheduler.update(out, RunnerOutput(sampled=sampled, verified=verified)):
                 rec = self._live.get(seq.request_id)
                 if rec is None:
                     continue
                 if rec.first_token is None:
                     rec.first_token = self.now
-                rec.token_times.append(self.now)
-                rec.output_tokens += 1
+                rec.token_times.append(self.now)  # one gap a step, however many tokens (the engine's ITL too)
+                rec.output_tokens += seq.num_new_tokens
                 if seq.is_finished:
                     rec.end = self.now
                     del self._live[seq.request_id]
+
+    def _kept(self, drafts: list[int]) -> list[int]:
+        rng, p = self._accept_rng, self.speculative.acceptance
+        n = 0
+        while n < len(drafts) and rng.random() < p:
+            n += 1
+        return drafts[:n]
 
     def run(self, until: float | None = None) -> list[RequestRecord]:
         """Run to `until`, or until every request has finished."""
@@ -192,9 +242,13 @@ def load_over(sims: list[Simulator], now: float, seconds: float, pods: int | Non
                    if r.first_token is not None and r.first_token < t1 and (r.end or t1) > t0) / seconds
     arrived = [p for s in sims for a, p, _ in s.arrivals if t0 < a <= t1]
     cumulative = {le: float(sum(1 for p in arrived if p <= le)) for le in PROMPT_BUCKETS}
+    steps = sum(1 for s in sims for r in s.step_log[-20000:] if r[0] > t0)
+    drafts = [(n, k) for s in sims for t, n, k in s.draft_log[-20000:] if t > t0]
     return Load(request_rate=len(arrived) / seconds / pods,
                 prompts=prompts_from_buckets(cumulative, float(np.mean(arrived)) if arrived else None),
-                running=decoding / pods)
+                running=decoding / pods,
+                drafting=sum(n for n, _ in drafts) / steps if steps else 0.0,
+                draft_tokens=sum(k for _, k in drafts) / steps if steps else 0.0)
 
 
 def model_over(sims: list[Simulator], now: float, seconds: float) -> StepModel | None:
