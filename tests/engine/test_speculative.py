@@ -143,6 +143,37 @@ def test_a_draft_model_with_another_tokenizer_is_refused(smollm2_dir, tmp_path):
                            vocab_size=49152, tokenizer=Tokenizer(smollm2_dir))
 
 
+def test_a_draft_model_never_costs_the_models_requests(tmp_path):
+    """A draft with fewer embedding rows than the model (same tokenizer): a prompt id only the model has gets no
+    drafts, not an error; a draft engine that fails drafts nothing that step and the next steps draft again. The
+    outputs are the model's own throughout."""
+    from .tiny_models import make_checkpoint
+
+    model = str(make_checkpoint(tmp_path / "model", "llama"))
+    draft = str(make_checkpoint(tmp_path / "draft", "llama", vocab_size=290, seed=1))
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [[5, 295, 9, 17], [5, 17, 42, 9, 5, 17]]
+    plain = LLM(model, dtype="float32", max_model_len=64)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    llm = LLM(model, dtype="float32", max_model_len=64, speculative_config={"model": draft})
+    totals = counting(llm.engine)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert totals["drafts"] > 0
+    proposer = llm.engine.scheduler.proposer
+    step, calls = proposer.engine.step, []
+
+    def fails_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return step()
+
+    proposer.engine.step = fails_once
+    before = totals["drafts"]
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert totals["drafts"] > before and not proposer.failed
+
+
 def test_sampled_and_logprob_requests_run_with_drafts(smollm2_dir, prompt_ids):
     """Sampled requests verify by rejection sampling; seeded ones opt out of drafts (whether a decode gets drafts
     depends on its batch, and a seeded request's tokens must not), and so do requests asking for logprobs (theirs

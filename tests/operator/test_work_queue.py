@@ -136,7 +136,15 @@ def test_the_gate_stands_by_until_the_object_says_otherwise_and_caches_its_read(
     objects[0]["status"].pop("other")
     assert gate() is False and len(reads) == 1  # cached
     clock[0] = 6
-    assert gate() is True and len(reads) == 2
+    assert gate() is False and len(reads) == 2  # alone now: opening waits for a second read to confirm it
+    objects[0]["status"]["other"] = {"priority": 9, "lastseen": now, "lifetime": 60}
+    clock[0] = 12
+    assert gate() is False and len(reads) == 3  # a replica started with it appeared meanwhile: never opened
+    objects[0]["status"].pop("other")
+    clock[0] = 18
+    assert gate() is False
+    clock[0] = 24
+    assert gate() is True and len(reads) == 5  # two reads, 6 s apart, both alone: it acts
     assert PeeringGate(None, priority=0)() is True  # standalone
 
 

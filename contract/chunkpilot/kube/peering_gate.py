@@ -50,6 +50,10 @@ class PeeringGate:
         self.read, self.priority, self.cache_seconds, self.clock = read, priority, cache_seconds, clock
         self._checked: float | None = None
         self._answer = read is None  # peered: paused until the object says otherwise, as kopf starts paused
+        # Opening takes two reads at least cache_seconds apart that both say so: replicas started together record
+        # themselves within moments of each other, and the first to read the object would otherwise act before
+        # the others appear in it (seen on the real cluster: a standby acted for one read, then stood by).
+        self._opening = False
 
     def __call__(self) -> bool:
         if self.read is None:
@@ -65,6 +69,10 @@ class PeeringGate:
             utc = datetime.datetime.now(datetime.UTC)
             answer = bool(objects) and all(may_act(live_priorities(o.get("status") or {}, utc), self.priority)
                                            for o in objects)
+            if answer and not self._answer and not self._opening:
+                self._opening = True  # confirm at the next read
+                return self._answer
+            self._opening = False
             if answer != self._answer:
                 log.info("peering: this replica (priority %d) %s", self.priority, "acts" if answer else "stands by")
             self._answer = answer

@@ -8,9 +8,9 @@ break-even acceptance.
 Both are measured per batch size b on the engine's decode-only steps: T0 as the recent mean of the steps without
 drafts, c as the recent mean of (T - T0) / D over the steps with them. Per batch size, because the cost of a row is
 far from linear: on this CPU a batch-1 step costs the same with 1 to 3 rows (MKL's small-matrix path), while at
-batch 8 two drafts of one decode turned a 73 ms step into 88-92 ms (c about 8 ms, break-even over 80 %), and 16
-drafts of eight decodes cost about 3 ms each (break-even about a third: text that repeats its prompt keeps drafting
-there). A fixed threshold of 30 % let open questions, whose drafts are kept about a third of the time, lose 6-8 %
+batch 8 a draft token measured about 6 ms on a 73 ms step (break-even about 63 %; two drafts of one decode alone
+took it to 88-92 ms), and 16 drafts of eight decodes cost about 3 ms each (break-even about a third: text that
+repeats its prompt keeps drafting there). T includes the proposer's own time (a draft model's forwards). A fixed threshold of 30 % let open questions, whose drafts are kept about a third of the time, lose 6-8 %
 at batch 8 (bench/speculative.py). On a GPU a decode step is memory-bound and c is small: drafting pays more often.
 """
 

@@ -15,12 +15,15 @@ n-gram lookup), which keeps the target's own distribution for sampled requests t
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
 from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class DraftModelProposer:
@@ -35,32 +38,53 @@ class DraftModelProposer:
         config = replace(
             target, model=model, speculative_config=None, tensor_parallel_size=1, max_model_len=max_model_len,
             num_kv_blocks=num_blocks, enable_prefix_caching=True, threads=None,
-            # the first drafts for a long prompt prefill it whole: in few steps, it holds the target's step loop
-            token_budget=max(target.token_budget, 2048), max_chunk=max(target.max_chunk, 2048),
+            # the target's start-up budget: a budget that fits the target's activations fits the smaller draft's
             max_token_budget=None,
         )
         self.engine = LLMEngine(config, exit_on_rank_failure=False)
-        self.vocab_size = vocab_size  # of the target's embedding: a draft id beyond it could not be verified
+        # Two models may share a tokenizer and not their embedding sizes (padding rows): a draft id beyond the
+        # target's could not be verified, and a prompt id beyond the draft's cannot be drafted for.
+        self.vocab_size = vocab_size
+        self.draft_vocab_size = self.engine.model_config.vocab_size
         self._ids = itertools.count()
+        self.failed = False
 
     def propose_batch(self, requests: list[tuple[Sequence[int], int]]) -> list[list[int]]:
         engine = self.engine
+        if self.failed:
+            return [[] for _ in requests]
         drafts: dict[str, list[int]] = {}
         order: list[str | None] = []
-        for token_ids, k in requests:
-            if k <= 0 or len(token_ids) + k > engine.max_model_len:
-                order.append(None)
-                continue
-            rid = f"draft-{next(self._ids)}"
-            engine.submit(engine.make_sequence(rid, list(token_ids),
-                                               SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True)))
-            drafts[rid] = []
-            order.append(rid)
-        remaining = len(drafts)
-        while remaining:
-            for out in engine.step():
-                drafts[out.request_id].extend(out.new_token_ids)
-                remaining -= out.finished
+        try:
+            for token_ids, k in requests:
+                if (k <= 0 or len(token_ids) + k > engine.max_model_len
+                        or max(token_ids, default=0) >= self.draft_vocab_size):
+                    order.append(None)
+                    continue
+                rid = f"draft-{next(self._ids)}"
+                engine.submit(engine.make_sequence(rid, list(token_ids),
+                                                   SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True)))
+                drafts[rid] = []
+                order.append(rid)
+            remaining = len(drafts)
+            while remaining:
+                for out in engine.step():
+                    drafts[out.request_id].extend(out.new_token_ids)
+                    remaining -= out.finished
+        except Exception:
+            # Drafts are only guesses: a draft engine that fails costs this step its drafts, never the target's
+            # requests. Its unfinished requests are aborted so the next step starts clean; if even that fails,
+            # drafting stops for good (the engine serves on without it).
+            log.exception("the draft model failed; this step runs without drafts")
+            try:
+                for rid in drafts:
+                    engine.abort(rid)
+                while engine.has_unfinished():
+                    engine.step()
+            except Exception:
+                log.exception("the draft model cannot recover; speculative decoding is off from now on")
+                self.failed = True
+            return [[] for _ in requests]
         return [self._in_vocab(drafts[rid]) if rid else [] for rid in order]
 
     def _in_vocab(self, tokens: list[int]) -> list[int]:

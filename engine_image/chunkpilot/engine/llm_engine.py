@@ -287,8 +287,8 @@ class LLMEngine:
     def _draft_threshold(self, sched) -> None:
         """Measure what drafts cost on decode-only steps and set the acceptance the scheduler's pause rule asks of
         this step's drafts: the break-even for its batch size, at least MIN_ACCEPTANCE (draft_cost.py)."""
-        if sched.num_prefill_tokens == 0:
-            self._row_cost.add(sched.num_decodes, sched.num_draft_tokens, self.last_step.seconds)
+        if sched.num_prefill_tokens == 0:  # drafts cost their rows and the proposer's time (a draft model's forwards)
+            self._row_cost.add(sched.num_decodes, sched.num_draft_tokens, self.last_step.seconds + sched.draft_seconds)
         self.scheduler.min_acceptance = max(MIN_ACCEPTANCE, self._row_cost.break_even(sched.num_decodes))
 
     def _execute(self, sched):

@@ -18,6 +18,7 @@ tests and the simulator drive it without a model.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -59,6 +60,7 @@ class SchedulerOutput:
     knobs: SchedulerKnobs
     num_decodes: int = 0
     preempted: list[str] = field(default_factory=list)
+    draft_seconds: float = 0.0  # the proposer's time for this step (a draft model's forwards): part of its cost
 
     @property
     def num_tokens(self) -> int:
@@ -154,7 +156,9 @@ class Scheduler:
             scheduled.add(id(seq))
             budget -= 1
         if self.proposer is not None and budget > 0:
+            t0 = time.perf_counter()
             budget -= self._draft(out.chunks, budget)
+            out.draft_seconds = time.perf_counter() - t0
         out.num_decodes = len(out.chunks)
         decodes = list(out.chunks)
 

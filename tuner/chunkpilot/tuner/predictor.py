@@ -107,7 +107,7 @@ class _Decodes:
     def of(cls, load: Load) -> "_Decodes":
         decodes = max(0, round(load.running))
         drafting = min(float(decodes), max(0.0, load.drafting))
-        k = load.draft_tokens / drafting if drafting > 0 else 0.0  # drafts per drafting decode
+        k = load.draft_tokens / load.drafting if drafting > 0 else 0.0  # drafts per drafting decode
         kv = (decodes - drafting) * kv_kilotokens(load.mean_context, 1) + \
             drafting * kv_kilotokens(load.mean_context, 1 + k)
         return cls(decodes, drafting * k, kv)
