@@ -45,8 +45,7 @@ class SimSpeculation:
     seed: int = 0
 
     def proposer(self):
-        k = self.num_speculative_tokens
-        return _FixedDrafts(k)
+        return _FixedDrafts(self.num_speculative_tokens)
 
 
 class _FixedDrafts:
