@@ -123,6 +123,10 @@ class LLMEngine:
         if self._workers is not None:
             self._finalizer.detach()
             _stop_workers(self._workers, self.group, force, self._keepalive_stop, self._collective)
+        # The freeze at start put this engine itself out of the collector's reach: a closed engine left in a
+        # reference cycle (a test's patched step, say) would keep its KV pool for good. Everything goes back to
+        # the generations (other engines in this process included: they are only scanned again).
+        gc.unfreeze()
 
     @property
     def worker_pids(self) -> list[int]:
