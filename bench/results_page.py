@@ -389,35 +389,49 @@ def controllers_scale(d: dict) -> list[str]:
 
 
 def quantization(d: dict) -> list[str]:
-    rows = [[r["method"], f"{r['decode_ms_per_token']:.1f} ms (**{times(r['decode_speedup'])}**)",
+    def name(r: dict) -> str:
+        return r["method"] + (" `--compile`" if r.get("compile") else "")
+
+    rows = [[name(r), f"{r['decode_ms_per_token']:.1f} ms (**{times(r['decode_speedup'])}**)",
              f"{r['prefill_512_s']:.2f} s ({times(r['prefill_speedup'])})", f"{r['batch16_tokens_per_s']:.0f}",
              f"{r['weight_bytes'] / 2**20:.0f} MiB ({pct(r['weights_ratio'])})",
-             f"{r['perplexity']:.3f} (**{r['perplexity_ratio']:.4f}×**)", pct(r["greedy_agreement"])]
+             f"{r['perplexity']:.3f} (**{r['perplexity_ratio']:.4f}×**)", pct(r["greedy_agreement"]),
+             f"{r['startup_s']:.0f} s" if "startup_s" in r else "—"]
             for r in d["rows"]]
     peer = d.get("llama_cpp")
     failed = peer.get("error") if peer else None
     if failed:
-        rows.append([peer["method"], f"failed: {failed}", "—", "—", "—", "—", "—"])
+        rows.append([peer["method"], f"failed: {failed}", "—", "—", "—", "—", "—", "—"])
         peer = None
     elif peer:
-        rows.append([peer["method"], f"{peer['decode_ms_per_token']:.1f} ms", "—", "—", "—", "—", "—"])
-    out = table(["weights", "batch-1 decode, ms/token (vs float32)", "512-token prefill", "batch 16, tokens/s",
-                 "weights held", "perplexity (vs float32)", "greedy agreement with float32"], rows)
-    by = {r["method"]: r for r in d["rows"]}
+        runs = peer.get("runs_ms_per_token", [])
+        rows.append([peer["method"], f"{peer['decode_ms_per_token']:.1f} ms"
+                     + (f" (runs before and after: {' and '.join(f'{x:.1f}' for x in runs)})" if len(runs) > 1 else ""),
+                     "—", "—", "—", "—", "—", "—"])
+    out = table(["weights", "batch-1 decode, ms/token (vs float32, same mode)", "512-token prefill",
+                 "batch 16, tokens/s", "weights held", "perplexity (vs float32)", "greedy agreement with float32",
+                 "start-up"], rows)
     notes = []
+    for compiled in sorted({bool(r.get("compile")) for r in d["rows"]}):
+        by = {r["method"]: r for r in d["rows"] if bool(r.get("compile")) == compiled}
+        mode = "compiled" if compiled else "eager"
+        if "int8" in by:
+            notes.append(f"{mode}: int8 decode {times(by['int8']['decode_speedup'])} float32's (target ≥ 2×: "
+                         f"{verdict(by['int8']['decode_speedup'] >= 2)})")
+        if "int4" in by and peer:
+            notes.append(f"{mode}: int4 decode {by['int4']['decode_ms_per_token']:.1f} against llama.cpp's "
+                         f"{peer['decode_ms_per_token']:.1f} ms/token (target at or below: "
+                         f"{verdict(by['int4']['decode_ms_per_token'] <= peer['decode_ms_per_token'])})")
+    by = {r["method"]: r for r in d["rows"] if not r.get("compile")}
     if "int8" in by:
-        notes.append(f"int8 decode {times(by['int8']['decode_speedup'])} float32's (target ≥ 2×: "
-                     f"{verdict(by['int8']['decode_speedup'] >= 2)}), perplexity "
-                     f"{pct(by['int8']['perplexity_ratio'] - 1, 2)} higher (target ≤ 2 %: "
+        notes.append(f"int8 perplexity {pct(by['int8']['perplexity_ratio'] - 1, 2)} higher (target ≤ 2 %: "
                      f"{verdict(by['int8']['perplexity_ratio'] <= 1.02)})")
     if "int4" in by:
         notes.append(f"int4 perplexity {pct(by['int4']['perplexity_ratio'] - 1, 2)} higher (target ≤ 8 %: "
-                     f"{verdict(by['int4']['perplexity_ratio'] <= 1.08)})" + (
-                         f", decode {by['int4']['decode_ms_per_token']:.1f} against llama.cpp's "
-                         f"{peer['decode_ms_per_token']:.1f} ms/token (target at or below: "
-                         f"{verdict(by['int4']['decode_ms_per_token'] <= peer['decode_ms_per_token'])})" if peer else
-                         f", llama.cpp not measured in this run ({'it failed: ' + failed if failed else 'llama-cpp-python not installed'})"))
-    slower = [m for m, r in by.items() if r["prefill_speedup"] < 1]
+                     f"{verdict(by['int4']['perplexity_ratio'] <= 1.08)})")
+    if not peer:
+        notes.append(f"llama.cpp not measured in this run ({'it failed: ' + failed if failed else 'llama-cpp-python not installed'})")
+    slower = [name(r) for r in d["rows"] if r["prefill_speedup"] < 1]
     notes.append("prefill no slower than float32: " + verdict(not slower))
     return out + ["", "; ".join(notes) + "."]
 

@@ -41,6 +41,8 @@ class EngineConfig:
     quantization: str | None = None
     # Speculative decoding (speculative.py): vLLM's --speculative-config, as JSON or parsed; None: off
     speculative_config: SpeculativeConfig | str | dict | None = None
+    # Compile the forward of small steps (decodes) with torch.compile at start-up (compiled_forward.py); CPU only
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculative_config, SpeculativeConfig):

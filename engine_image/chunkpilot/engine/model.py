@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chunkpilot.engine.attention import AttentionMetadata, paged_attention, write_kv
+from chunkpilot.engine.attention_op import attention
 from chunkpilot.engine.model_config import ModelConfig
 from chunkpilot.engine.rope import apply_rope
 from chunkpilot.engine.tp_group import TPGroup
@@ -36,9 +36,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, shard: TPShard, group: TPGroup) -> None:
+    def __init__(self, cfg: ModelConfig, shard: TPShard, group: TPGroup, layer: int) -> None:
         super().__init__()
         self.group = group
+        self.layer = layer  # its slice of the KV pool
         self.num_heads = shard.heads
         self.num_kv_heads = shard.kv_heads
         self.head_dim = cfg.head_dim
@@ -48,17 +49,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias and shard.owns_bias)
         self.scale = self.head_dim**-0.5
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         qk, v = self.qkv_proj(x).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         # q and k sit side by side in the fused output: one rotation for both heads' sets (half the small ops of a
         # decode step's RoPE, which are dispatch-bound at batch 1)
         qk = apply_rope(qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        write_kv(cache, k, v.view(t, self.num_kv_heads, self.head_dim), meta.slot_mapping)
-        o = paged_attention(q, cache, meta, self.scale)
+        o = attention(q, k, v.view(t, self.num_kv_heads, self.head_dim), self.layer, self.scale)
         return self.group.all_reduce(self.o_proj(o.reshape(t, self.q_size)))
 
 
@@ -76,15 +74,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, shard: TPShard, group: TPGroup) -> None:
+    def __init__(self, cfg: ModelConfig, shard: TPShard, group: TPGroup, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, shard, group)
+        self.self_attn = Attention(cfg, shard, group, index)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, shard, group)
 
-    def forward(self, h, cos, sin, cache, meta):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, meta)
+    def forward(self, h, cos, sin):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -96,25 +94,18 @@ class LlamaModel(nn.Module):
         self.group = group = group or TPGroup.solo()
         # Vocab-parallel: this rank's rows of the vocabulary (the padding rows of the last slice stay zero).
         self.embed_tokens = nn.Embedding(shard.vocab_rows, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, shard, group) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, shard, group, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, shard.vocab_rows, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_caches: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        """input_ids: [T]; cos/sin: [T, 1, head_dim]; kv_caches: [layers, 2, slots, kv_heads, head_dim].
-        Returns the final hidden states [T, hidden]."""
+    def forward(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """input_ids: [T]; cos/sin: [T, 1, head_dim]. Returns the final hidden states [T, hidden]. The KV pool and
+        the step's attention metadata come from the forward context the runner sets (forward_context.py)."""
         h = self._embed(input_ids)
-        for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, kv_caches[i], meta)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
         return self.norm(h)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,15 @@ plan, which rank 0 broadcasts first under tensor parallelism."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
 from chunkpilot.engine.attention import AttentionGroup, AttentionMetadata, VarlenMetadata
+from chunkpilot.engine.compiled_forward import COMPILE_ROWS, CompiledForward
+from chunkpilot.engine.forward_context import forward_context
 from chunkpilot.engine.kv_cache import KVCache
 from chunkpilot.engine.model import LlamaModel
 from chunkpilot.engine.rope import cos_sin_table
@@ -17,11 +22,13 @@ from chunkpilot.engine.sampler import Sampler
 from chunkpilot.engine.scheduler import RunnerOutput, SchedulerOutput
 from chunkpilot.engine.step_plan import PlannedChunk, StepPlan, plan_of
 
+log = logging.getLogger(__name__)
+
 
 class ModelRunner:
     def __init__(
         self, model: LlamaModel, kv_cache: KVCache, max_model_len: int, sampler: Sampler | None = None,
-        backend: str = "sdpa",
+        backend: str = "sdpa", compile: bool = False,
     ) -> None:
         self.model = model
         self.group = model.group
@@ -35,6 +42,9 @@ class ModelRunner:
         self.cos = cos.to(self.device, self.dtype)
         self.sin = sin.to(self.device, self.dtype)
         self.sampler = sampler
+        self.compiled = CompiledForward(model) if compile else None
+        if self.compiled is not None:
+            self._warm_up()
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -77,11 +87,26 @@ class ModelRunner:
         meta = self._metadata(chunks, plan.num_decodes, positions)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
-        hidden = self.model(input_ids, cos, sin, self.kv_cache.tensor, meta)
+        compiled = self.compiled is not None and self.compiled.covers(len(input_ids))
+        with forward_context(self.kv_cache.tensor, meta):
+            hidden = (self.compiled.forward if compiled else self.model)(input_ids, cos, sin)
         rows = plan.logit_rows
         if not rows:  # the same on every rank: the plan is the same
             return None
-        return self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+        logits = self.compiled.logits if self.compiled is not None and self.compiled.covers(len(rows)) \
+            else self.model.logits
+        return logits(hidden[torch.tensor(rows, device=self.device)])
+
+    def _warm_up(self) -> None:
+        """Compile the graphs now, not in front of the first requests: a step of one decode (the graphs for one
+        row), then of COMPILE_ROWS / 2 (the graphs with a dynamic row count: inductor picks its GEMMs for the row
+        count it first sees, so a middling one, not 2). The steps write keys and values into block 0, which nothing
+        holds yet (every sequence writes a slot before it reads it)."""
+        t0 = time.perf_counter()
+        for rows in (1, COMPILE_ROWS // 2):
+            self.forward(StepPlan([PlannedChunk(0, [0], [0], samples=True)] * rows, num_decodes=rows))
+        log.info("compiled the forward for steps of fewer than %d tokens in %.1f s", COMPILE_ROWS,
+                 time.perf_counter() - t0)
 
     def _flatten(self, chunks: list[PlannedChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = [t for c in chunks for t in c.token_ids]

@@ -23,7 +23,7 @@ from chunkpilot.engine.sampler import Sampler
 from chunkpilot.engine.tp_group import TPGroup
 from chunkpilot.engine.tp_shard import shard_of
 from chunkpilot.engine.weights import load_weights
-from chunkpilot.engine import quantization
+from chunkpilot.engine import compiled_forward, quantization
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ class Worker:
             configure_cuda_sdpa()
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         quantization.check(config.quantization, self.device)  # before any weight loads
+        if config.compile:
+            compiled_forward.check(self.device, group.world)
         self.max_model_len = resolve_max_model_len(config, model_config)
         self.shard = shard_of(model_config, group.rank, group.world)
         self.model = self._load_model()
@@ -106,7 +108,8 @@ class Worker:
         fits = self._activation_fit()
         self.activation_fit = None if fits is None else group.agree_min(fits)
         sampler = Sampler(self.device, config.seed) if group.rank == 0 else None
-        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, sampler, self.attention_backend)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.max_model_len, sampler, self.attention_backend,
+                                  compile=config.compile)
         self.memory = RankMemory(group.rank, _param_bytes(self.model), self.kv_cache.nbytes)
 
     def _load_model(self) -> LlamaModel:
