@@ -86,12 +86,18 @@ def test_two_compiled_engines_in_one_process_each_run_their_own_weights(compiled
         other.engine.close()
 
 
-def test_a_compiled_engine_generates(compiled_llm):
+def test_a_compiled_engine_generates_without_compiling_in_front_of_requests(compiled_llm):
+    """The graphs compiled at start-up cover every decode step: generating compiles nothing more (a recompile
+    would take seconds, in front of a request)."""
+    from torch._dynamo.utils import counters
+
     from chunkpilot.engine import SamplingParams
 
-    outs = compiled_llm.generate(["the quick brown fox", "paged attention"],
+    before = sum(counters["stats"].values()), sum(counters["frames"].values())
+    outs = compiled_llm.generate(["the quick brown fox", "paged attention", "a", "b", "c"],
                                  SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-    assert [len(o.token_ids) for o in outs] == [6, 6]
+    assert [len(o.token_ids) for o in outs] == [6] * 5
+    assert (sum(counters["stats"].values()), sum(counters["frames"].values())) == before, dict(counters)
 
 
 def test_compile_where_it_cannot_run_is_refused_with_what_to_change(monkeypatch):

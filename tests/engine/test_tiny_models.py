@@ -83,3 +83,19 @@ def test_half_precision_runs_close_to_float32(checkpoints, dtype):
 def test_sharded_checkpoint_is_read(checkpoints):
     modern, _ = checkpoints["llama"]
     assert (modern / "model.safetensors.index.json").is_file()
+
+
+def test_a_closed_engine_in_a_reference_cycle_is_collected(tmp_path):
+    """An engine freezes the objects alive at its start (itself included) out of the garbage collector; closed,
+    it must hand them back, or an engine in a reference cycle (a test's patched step) keeps its KV pool for good."""
+    import gc
+    import weakref
+
+    llm = LLM(str(make_checkpoint(tmp_path / "tiny", "llama")), max_model_len=64, num_kv_blocks=8)
+    engine = llm.engine
+    engine.cycle = engine
+    gone = weakref.ref(engine)
+    engine.close()
+    del llm, engine
+    gc.collect()
+    assert gone() is None

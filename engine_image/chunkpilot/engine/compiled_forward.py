@@ -28,7 +28,9 @@ import torch
 from torch import nn
 
 COMPILE_ROWS = 32  # = quantization.DENSE_ROWS["int8"]: below it every quantized layer takes its kernel path
-# inductor's settings, set around each call (compiles happen inside calls) rather than for the process
+# inductor's settings, set around the start-up steps that compile (CompiledForward.compiling) rather than for
+# the process; later steps run the graphs without them (setting them costs ~40 us a call, and nothing compiles
+# then: tests/engine/test_compiled_forward.py holds a served generate to no compile at all)
 INDUCTOR = {
     "freezing": True,  # the weights become constants: inductor may pack them for its own GEMMs
     "max_autotune": True,  # generate and time its C++ GEMM templates against ATen's kernels
@@ -73,14 +75,17 @@ class CompiledForward:
     def covers(rows: int) -> bool:
         return rows < COMPILE_ROWS
 
+    @staticmethod
+    def compiling():
+        """inductor's settings for the calls that compile (the first ones): it reads them when it compiles, inside
+        a call (options= on torch.compile does not reach freezing)."""
+        return torch._inductor.config.patch(INDUCTOR)
+
     def forward(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # inductor reads its settings when it compiles, inside a call (options= does not reach freezing)
-        with torch._inductor.config.patch(INDUCTOR):
-            return self._forward(input_ids, cos, sin)
+        return self._forward(input_ids, cos, sin)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        with torch._inductor.config.patch(INDUCTOR):
-            return self._logits(hidden)
+        return self._logits(hidden)
 
 
 def _own(model: nn.Module, method: str) -> types.MethodType:

@@ -3,7 +3,7 @@ set by the runner around the model's forward and read by every layer's attention
 
 Why not arguments: the model's forward is compiled whole (compiled_forward.py), and a cache passed through the
 graph would be copied by the compiler whenever a layer writes into it (functionalisation: the whole pool per
-layer). The attention is an opaque operator (attention.py's `chunkpilot::attention`) that finds the pool and the
+layer). The attention is an opaque operator (attention_op.py's `chunkpilot::attention`) that finds the pool and the
 metadata here, so the compiled graph sees only q, k and v go in and the output come out.
 
 Per thread: engines in one process (tests, a draft model inside its target) each run their steps in their own

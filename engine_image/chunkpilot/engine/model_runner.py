@@ -103,8 +103,9 @@ class ModelRunner:
         count it first sees, so a middling one, not 2). The steps write keys and values into block 0, which nothing
         holds yet (every sequence writes a slot before it reads it)."""
         t0 = time.perf_counter()
-        for rows in (1, COMPILE_ROWS // 2):
-            self.forward(StepPlan([PlannedChunk(0, [0], [0], samples=True)] * rows, num_decodes=rows))
+        with self.compiled.compiling():
+            for rows in (1, COMPILE_ROWS // 2):
+                self.forward(StepPlan([PlannedChunk(0, [0], [0], samples=True)] * rows, num_decodes=rows))
         log.info("compiled the forward for steps of fewer than %d tokens in %.1f s", COMPILE_ROWS,
                  time.perf_counter() - t0)
 
