@@ -53,8 +53,9 @@ class EngineCheck:
     """measure(config, knobs, predicted_itl) -> Check, on the demo's engines (see chunkpilot.demo.sizing.size)."""
 
     def __init__(self, groups: dict[str, list[str]], apply_knobs, prometheus_url: str, model: StepModel,
-                 seconds: float = CHECK_SECONDS) -> None:
+                 seconds: float = CHECK_SECONDS, cores: set[int] | None = None) -> None:
         self.groups, self.apply_knobs, self.model, self.seconds = groups, apply_knobs, model, seconds
+        self.cores = cores  # the engines' cores, where other programs' time is measured (None: every CPU)
         self.source = PrometheusSource(prometheus_url, 'job="chunkpilot-tuned"')
 
     def __call__(self, config, knobs: Knobs, predicted_itl: float) -> Check:
@@ -70,7 +71,7 @@ class EngineCheck:
             records[group].extend(result.records)  # list.extend is atomic; joined before it is read
 
         t0 = time.monotonic()
-        busy = Busy()
+        busy = Busy(self.cores)
         threads = [threading.Thread(target=one, args=(g, u), daemon=True) for g, us in self.groups.items() for u in us]
         for t in threads:
             t.start()

@@ -95,7 +95,7 @@ class DemoRun:
     sizing: object | None = None  # chunkpilot.demo.sizing.Sizing, when the load was sized to the host
     placement: dict[str, list[int]] = field(default_factory=dict)  # the cores each group's engines run on
     busy_contention: float | None = None  # the busy phase's steps against the probe fit (report.contention)
-    run_busy: float | None = None  # other programs' share of the CPU during the load (chunkpilot.demo.host)
+    run_busy: float | None = None  # other programs' share of the engines' CPU in the load (chunkpilot.demo.host)
 
 
 def _engine_args(config: DemoConfig, knobs_file: Path | None) -> list[str]:
@@ -175,6 +175,12 @@ def placement(cores: tuple[int, ...] | None = None) -> dict[str, list[int]]:
     return {"tuned": cores[:half], "fixed": cores[half:2 * half]}  # as many each: an odd core stays free
 
 
+def engine_cores(placement: dict[str, list[int]]) -> set[int]:
+    """The cores the engines run on, where other programs take time from them (chunkpilot.demo.host): their
+    groups' cores, or, unpinned (fewer than two cores), this process's affinity, which they inherit."""
+    return set().union(*placement.values()) or os.sched_getaffinity(0)
+
+
 def _size(run: DemoRun, config: DemoConfig, say) -> DemoConfig:
     """Probe, size, check (chunkpilot.demo.sizing); the configured load when the probe fails or says too little.
     The tuned group is left at the start-up knobs, where the tuner starts."""
@@ -192,7 +198,7 @@ def _size(run: DemoRun, config: DemoConfig, say) -> DemoConfig:
         "512-token chunks and unchunked) until the step-time fit identifies every term...")
     stopped = None
     try:
-        busy = Busy()
+        busy = Busy(engine_cores(run.placement))
         model, rounds = probes.probe(runner, MAX_NUM_SEQS, config.start, KNOB_BOUNDS[1], say=say,
                                      max_rounds=config.probe_rounds)
         probe_busy = busy.share()
@@ -203,7 +209,7 @@ def _size(run: DemoRun, config: DemoConfig, say) -> DemoConfig:
         say(f"step-time fit after {rounds} round{'s' * (rounds != 1)} ({model.steps:.0f} steps): {terms}; other "
             f"programs took {probe_busy:.0%} of the CPU meanwhile")
         check = EngineCheck({g: [e.url for e in run.engines[g]] for g in GROUPS}, runner.apply, run.prometheus.url,
-                            model, seconds=config.check_seconds)
+                            model, seconds=config.check_seconds, cores=engine_cores(run.placement))
         config, run.sizing = size(config, model, space, check, say=say, bound=config.sizing_seconds, stop=run.stop,
                                   sizing=Sizing(model=model, rounds=rounds, terms=terms, probe_busy=probe_busy))
         if not run.sizing.passed and not run.stop.is_set():
@@ -259,7 +265,7 @@ def drive(run: DemoRun, on_tick=None) -> None:
     from chunkpilot.demo.host import Busy
 
     run.started = time.time()
-    busy = Busy()
+    busy = Busy(engine_cores(run.placement))
     loads = [_load_thread(run, g) for g in GROUPS]
 
     def tune() -> None:

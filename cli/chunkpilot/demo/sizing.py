@@ -203,7 +203,7 @@ class Check:
     predicted_itl: float  # the sizing's prediction for `knobs` (upper bound)
     contention: float | None = None  # the tuned group's steps: measured seconds / the probe fit's prediction
     start_over_share: float | None = None  # the fixed group's requests whose own ITL p99 broke the SLO
-    busy: float | None = None  # the share of the machine's CPU time other programs took meanwhile (demo.host)
+    busy: float | None = None  # the share of the engines' CPU time other programs took meanwhile (demo.host)
     rate: float | None = None  # the busiest rate it ran (requests/s per engine)
 
     @property
@@ -389,9 +389,9 @@ def stop_message(sizing: Sizing, bound: float) -> str:
              "difference between the groups."]
     lines += [f"  check {i}: {c.line()}" for i, c in enumerate(checks, 1)]
     if busy and max(busy) > BUSY_SHARE:
-        lines.append(f"  other programs took up to {max(busy):.0%} of this machine's CPU during the checks: the "
-                     "engines' step times measured them, not the engines. Close them and run the demo again, or give "
-                     "the demo cores nothing else uses (--cores).")
+        lines.append(f"  other programs took up to {max(busy):.0%} of the engines' CPU (their cores, or the CPU "
+                     "quota) during the checks: the engines' step times measured them, not the engines. Close them "
+                     "and run the demo again, or give the demo cores nothing else uses (--cores).")
     else:
         lines.append("  on this machine now, no load the sizing can reach has the start-up knobs break the ITL SLO "
                      "while the tuner's knobs keep it. Try an ITL SLO of your own (--itl-slo), other cores "
