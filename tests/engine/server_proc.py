@@ -59,3 +59,12 @@ def wait_for(cond, timeout: float = 30.0, poll: float = 0.05) -> bool:
             return True
         time.sleep(poll)
     return False
+
+
+def assert_openai_error(r: httpx.Response, status: int, *words: str) -> None:
+    """`r` is an error of `status` in OpenAI's shape whose message says each of `words`."""
+    assert r.status_code == status, r.text[:500]
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"}
+    for w in words:
+        assert w in err["message"], err["message"]

@@ -13,7 +13,7 @@ import pytest
 
 from chunkpilot.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
-from .server_proc import EngineServer, wait_for
+from .server_proc import EngineServer, assert_openai_error, wait_for
 from .tiny_models import make_checkpoint
 
 MAX_LEN = 512
@@ -80,14 +80,6 @@ class HealthWatch:
         if self.proc.is_alive():
             self.proc.kill()
         self.worst, self.failures, self.polls = self._worst.value, self._failures.value, self._polls.value
-
-
-def assert_openai_error(r: httpx.Response, status: int, *words: str) -> None:
-    assert r.status_code == status, r.text[:500]
-    err = r.json()["error"]
-    assert set(err) >= {"message", "type", "param", "code"}
-    for w in words:
-        assert w in err["message"], err["message"]
 
 
 def test_huge_bodies_and_prompts_are_refused_without_stalling_health(server):

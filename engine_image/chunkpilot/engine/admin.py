@@ -9,6 +9,10 @@ It listens on a port of its own so that a NetworkPolicy can admit the operator a
 token read from a file (a Secret volume the operator fills) on every request, so a rotated token is used as soon as
 the kubelet has written it. Once a push has been applied the knobs file is no longer followed: the kubelet may
 still write an older copy of the ConfigMap into the volume after a newer push, which must not undo it.
+
+The token is checked by an ASGI middleware before anything reads the body, and the body is capped at
+`MAX_BODY_BYTES`: this listener shares the event loop with the API's streams and /health, so a caller without the
+token must not get a 500 MB body read and parsed on it.
 """
 
 from __future__ import annotations
@@ -27,11 +31,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.engine.api_error import ApiError, bad_request, unavailable
+from chunkpilot.engine.body_limit import BodyLimitMiddleware
 from chunkpilot.engine.knobs import KnobHolder
 from chunkpilot.engine.protocol import error_body
 
 log = logging.getLogger(__name__)
 KNOBS_PATH = "/admin/knobs"
+# The knobs body is about 70 bytes; anything much larger is not a push.
+MAX_BODY_BYTES = 4096
+TOO_LARGE_ADVICE = "the most the admin endpoint accepts: send only the knobs (token_budget, max_chunk, generation)"
 
 
 class KnobsBody(BaseModel):
@@ -49,6 +57,36 @@ def _read_token(path: Path) -> str | None:
     except OSError:
         return None
     return token or None
+
+
+def _refusal(token_path: Path, authorization: bytes) -> ApiError | None:
+    """Why a request with this `Authorization` header may not use the admin endpoint; None when it may."""
+    expected = _read_token(token_path)
+    if expected is None:  # fail closed: no token file, no admin
+        return ApiError(503, f"the admin token file {token_path} is missing or empty", "service_unavailable",
+                        code=503, headers={"Connection": "close"})
+    scheme, _, given = authorization.partition(b" ")
+    if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), expected.encode()):
+        return ApiError(401, "a valid bearer token is required for the admin endpoint", "authentication_error",
+                        code=401, headers={"WWW-Authenticate": "Bearer", "Connection": "close"})
+    return None
+
+
+class TokenMiddleware:
+    """Answers a request without the admin token before its body is read: `receive` is never called for it.
+    `Connection: close` on the refusal, because the only way to stop a client from sending the rest of a body
+    nobody will read is to hang up. The token file is read on every request, so a rotated token counts at once."""
+
+    def __init__(self, app, token_path: Path) -> None:
+        self.app, self.token_path = app, token_path
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            refusal = _refusal(self.token_path, dict(scope["headers"]).get(b"authorization", b""))
+            if refusal is not None:
+                await refusal.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def build_admin_app(token_file: str | Path, holder: Callable[[], KnobHolder | None],
@@ -73,15 +111,9 @@ def build_admin_app(token_file: str | Path, holder: Callable[[], KnobHolder | No
         return JSONResponse(error_body(str(exc.detail), "invalid_request_error", code=exc.status_code),
                             exc.status_code)
 
-    def authorize(request: Request) -> None:
-        expected = _read_token(token_path)
-        if expected is None:  # fail closed: no token file, no admin
-            raise ApiError(503, f"the admin token file {token_path} is missing or empty", "service_unavailable",
-                           code=503)
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
-            raise ApiError(401, "a valid bearer token is required for the admin endpoint", "authentication_error",
-                           code=401, headers={"WWW-Authenticate": "Bearer"})
+    # Starlette runs the last added middleware first: the token is checked before the body limit reads anything.
+    app.add_middleware(BodyLimitMiddleware, limit=lambda: MAX_BODY_BYTES, advice=TOO_LARGE_ADVICE)
+    app.add_middleware(TokenMiddleware, token_path=token_path)
 
     def ready_holder() -> KnobHolder:
         h = holder()
@@ -93,13 +125,11 @@ def build_admin_app(token_file: str | Path, holder: Callable[[], KnobHolder | No
         return {"token_budget": knobs.token_budget, "max_chunk": knobs.max_chunk, "generation": knobs.generation}
 
     @app.get(KNOBS_PATH)
-    async def get_knobs(request: Request) -> dict:
-        authorize(request)
+    async def get_knobs() -> dict:
         return answer(ready_holder().get())
 
     @app.put(KNOBS_PATH)
-    async def put_knobs(body: KnobsBody, request: Request) -> dict:
-        authorize(request)
+    async def put_knobs(body: KnobsBody) -> dict:
         h = ready_holder()
         knobs = SchedulerKnobs(body.token_budget, body.max_chunk, body.generation)
         if knobs != h.get():

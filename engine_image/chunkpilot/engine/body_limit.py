@@ -12,18 +12,22 @@ from collections.abc import Callable
 from chunkpilot.engine.api_error import ApiError
 
 
-def too_large(limit: int) -> ApiError:
-    return ApiError(413, f"request body is larger than {limit} bytes, the most this server accepts "
-                         "(--max-request-bytes): shorten the prompt or the messages", "invalid_request_error",
+# What the API's callers can change; a listener with another kind of body (the admin port's knobs) says its own.
+API_ADVICE = "the most this server accepts (--max-request-bytes): shorten the prompt or the messages"
+
+
+def too_large(limit: int, advice: str = API_ADVICE) -> ApiError:
+    """413 in OpenAI's error body; `advice` follows the limit and says what to change."""
+    return ApiError(413, f"request body is larger than {limit} bytes, {advice}", "invalid_request_error",
                     code=413)
 
 
 class BodyLimitMiddleware:
     """Reads the whole body up to `limit()` bytes, then replays it to the app; `limit` is a callable because the
-    default follows the model's max_model_len, known once the model has loaded."""
+    default follows the model's max_model_len, known once the model has loaded. `advice` ends the 413's message."""
 
-    def __init__(self, app, limit: Callable[[], int]) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: Callable[[], int], advice: str = API_ADVICE) -> None:
+        self.app, self.limit, self.advice = app, limit, advice
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -32,7 +36,7 @@ class BodyLimitMiddleware:
         limit = self.limit()
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            await too_large(limit).response()(scope, receive, send)
+            await too_large(limit, self.advice).response()(scope, receive, send)
             return
         parts, size = [], 0
         while True:
@@ -41,7 +45,7 @@ class BodyLimitMiddleware:
                 return  # the client left while sending: nobody to answer
             size += len(message.get("body", b""))
             if size > limit:
-                await too_large(limit).response()(scope, receive, send)
+                await too_large(limit, self.advice).response()(scope, receive, send)
                 return
             parts.append(message.get("body", b""))
             if not message.get("more_body", False):
