@@ -34,6 +34,13 @@ def max_token_budget(cfg: ModelConfig, dtype: torch.dtype, headroom_bytes: int, 
     return max(0, headroom_bytes) // activation_bytes_per_token(cfg, dtype, shard)
 
 
+def device_free_memory(device: torch.device) -> int | None:
+    """Bytes free on a GPU; None on the CPU, where host memory bounds nothing that the configured bounds do not."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0]
+
+
 def cuda_headroom(free_bytes: int) -> int:
     """Activations get what is free once weights and KV cache are allocated, less the reserve."""
     return free_bytes - CUDA_RESERVE_BYTES

@@ -13,10 +13,11 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 
 import torch
 
-from chunkpilot.engine.activation_memory import activation_bytes_per_token
+from chunkpilot.engine.activation_memory import activation_bytes_per_token, device_free_memory
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
@@ -38,9 +39,15 @@ log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, *, exit_on_rank_failure: bool = True) -> None:
+    def __init__(self, config: EngineConfig, *, exit_on_rank_failure: bool = True,
+                 free_memory: Callable[[torch.device], int | None] = device_free_memory) -> None:
         """`exit_on_rank_failure`: under tensor parallelism, a rank that dies or hangs exits the process
-        non-zero (a server: the pod restarts); False raises RankFailedError from `step` instead."""
+        non-zero (a server: the pod restarts); False raises RankFailedError from `step` instead. `free_memory`:
+        reads the device's free bytes for the token budget's bound (activation_memory.py); a stand-in lets a
+        test play a GPU on the CPU. Rank 0's only, so not under tensor parallelism."""
+        if free_memory is not device_free_memory and config.tensor_parallel_size > 1:
+            raise ValueError("free_memory is rank 0's reading: the other ranks could not agree on a bound from it; "
+                             "give it with tensor_parallel_size 1")
         self.config = config
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -50,7 +57,7 @@ class LLMEngine:
         self._workers: WorkerProcesses | None = None
         self.group = group = TPGroup(0, config.tensor_parallel_size)
         try:  # everything that may fail once workers run: they must not outlive a failed start
-            self._build(config, exit_on_rank_failure)
+            self._build(config, exit_on_rank_failure, free_memory)
         except BaseException:
             if self._workers is not None:
                 self._workers.kill()
@@ -80,7 +87,8 @@ class LLMEngine:
         self._finalizer = weakref.finalize(self, _stop_workers, self._workers, self.group, False,
                                            self._keepalive_stop, self._collective)
 
-    def _build(self, config: EngineConfig, exit_on_rank_failure: bool) -> None:
+    def _build(self, config: EngineConfig, exit_on_rank_failure: bool,
+               free_memory: Callable[[torch.device], int | None]) -> None:
         group, store = self.group, None
         if group.distributed:
             resolve_device(config.device, 0, group.world)  # a missing GPU is said here, not by N crashes
@@ -88,7 +96,7 @@ class LLMEngine:
             store = rendezvous.store
             self._workers = WorkerProcesses(config, group.world, rendezvous, exit_on_failure=exit_on_rank_failure)
         self.worker = Worker(config, self.model_config, group, store,
-                             check=self._workers.check if self._workers else None)
+                             check=self._workers.check if self._workers else None, free_memory=free_memory)
         self.rank_memory: list[RankMemory] = [RankMemory(*m) for m in group.gather_ints(self.worker.memory.values())]
         self.device, self.dtype = self.worker.device, self.worker.dtype
         self.max_model_len = self.worker.max_model_len
@@ -98,17 +106,21 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.kv_cache.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
+        spec = config.speculative_config
+        proposer = self._proposer(spec) if spec else None
+        if proposer is not None:
+            # a draft model's weights and KV pool share this device: what is left for activations is read once
+            # they are loaded, or a budget pushed up to the bound runs the device out of memory mid-step
+            self.worker.remeasure_activation_fit()
         self.max_token_budget = self._max_token_budget()
         self.knobs = KnobHolder(
             SchedulerKnobs(config.token_budget, config.max_chunk, 0), min_token_budget=config.max_num_seqs,
             max_token_budget=self.max_token_budget,
         )
         eos = self.model_config.eos_token_ids
-        spec = config.speculative_config
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs,
-            self._proposer(spec) if spec else None, spec.num_speculative_tokens if spec else 0,
-            spec.disable_by_batch_size if spec else None,
+            proposer, spec.num_speculative_tokens if spec else 0, spec.disable_by_batch_size if spec else None,
         )
 
     def _proposer(self, spec):

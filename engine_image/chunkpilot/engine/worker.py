@@ -8,11 +8,12 @@ parallelism every other rank builds the same in its own process (tp_worker.py). 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from chunkpilot.engine.activation_memory import cuda_headroom, max_token_budget
+from chunkpilot.engine.activation_memory import cuda_headroom, device_free_memory, max_token_budget
 from chunkpilot.engine.attention import choose_backend, configure_cuda_sdpa
 from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.kv_cache import KVCache, blocks_for_memory
@@ -75,10 +76,12 @@ class RankMemory:
 
 class Worker:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, group: TPGroup, store=None,
-                 check=None) -> None:
+                 check=None, free_memory: Callable[[torch.device], int | None] = device_free_memory) -> None:
         """`store`: the group's rendezvous (tensor parallelism); `check()` may raise while this rank waits for the
-        others to load (rank 0: a worker died meanwhile)."""
+        others to load (rank 0: a worker died meanwhile); `free_memory(device)`: the bytes free on the device,
+        None where its memory bounds no token budget."""
         self.config = config
+        self._free_memory = free_memory
         self.model_config = model_config
         self.group = group
         self.device = resolve_device(config.device, group.rank, group.world)
@@ -142,10 +145,17 @@ class Worker:
         # every rank must run the same kernels: varlen only where all of them can
         return "varlen" if self.group.agree_min(int(backend == "varlen")) else "sdpa"
 
+    def remeasure_activation_fit(self) -> None:
+        """Measure this rank's fit again once more is loaded on its device (rank 0's draft model). No collective:
+        the other ranks' memory is as it was when the fit was agreed, so the smaller of the agreed fit and this
+        rank's new one is the smallest over the ranks now."""
+        if self.activation_fit is not None:
+            self.activation_fit = min(self.activation_fit, self._activation_fit())
+
     def _activation_fit(self) -> int | None:
-        if self.device.type != "cuda":
+        free = self._free_memory(self.device)  # weights and KV cache are allocated by now
+        if free is None:
             return None
-        free = torch.cuda.mem_get_info(self.device)[0]  # weights and KV cache are allocated by now
         return max_token_budget(self.model_config, self.dtype, cuda_headroom(free), self.shard)
 
 
