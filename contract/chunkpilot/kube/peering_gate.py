@@ -43,7 +43,9 @@ def may_act(priorities: list[int], mine: int) -> bool:
 
 class PeeringGate:
     """Callable: True when this replica may act. Standalone (no peering name): always. The object is read at most
-    every `cache_seconds`; one that cannot be read keeps the last answer (kopf, too, keeps its state then)."""
+    every `cache_seconds`; one that cannot be read keeps the last answer (kopf, too, keeps its state then), whatever
+    the failure: an API error, or a refused or reset connection (urllib3 raises those, not ApiException), which
+    must never reach the thread that asked."""
 
     def __init__(self, read: Callable[[], list[dict]] | None, priority: int, cache_seconds: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -65,6 +67,10 @@ class PeeringGate:
                 objects = self.read()
             except ApiException as e:
                 log.warning("cannot read the peering object (%s %s); keeping the last answer", e.status, e.reason)
+                return self._answer
+            except Exception as e:  # noqa: BLE001 - connection refused/reset, timeouts: the API server is away
+                log.warning("cannot reach the API server for the peering object (%s); keeping the last answer",
+                            type(e).__name__)
                 return self._answer
             utc = datetime.datetime.now(datetime.UTC)
             answer = bool(objects) and all(may_act(live_priorities(o.get("status") or {}, utc), self.priority)

@@ -6,7 +6,11 @@ passes (and any controller on this ground floor) run through.
 * The pass reads the object fresh (it gets a key, not an event's copy), so the last pass always sees the last state.
 * A pass that asks for it is retried with a per-key backoff (rate-limited requeue); a pass that succeeds resets it.
 * Every `resync` seconds every known key is queued again, so drift in children nobody watches is repaired.
-* `gate()` is asked before every pass: False holds all passes (a paused peering replica must not act).
+* `gate()` is asked before every pass: False holds all passes (a paused peering replica must not act). It is asked
+  outside the queue's lock (it may read the API), and a gate that raises keeps its last answer.
+* A worker or the clock thread that dies is logged and started again: a queue never loses a thread.
+* `health()` says why the queue is stuck, for the liveness probe: work ready that no worker took, a pass running
+  past its bound, or a clock thread that stopped ticking. An idle queue, or a standby one, is healthy.
 
 Why our own and not kopf's handlers: kopf runs one handler call per event in its thread pool, with no merging and
 no per-object exclusion across triggers (the resource's own events, its Deployments', a resync); the operator held a
@@ -30,9 +34,12 @@ Process = Callable[[Hashable], bool]
 class WorkQueue:
     def __init__(self, process: Process, *, workers: int = 4, resync: float = 300.0, backoff: float = 1.0,
                  max_backoff: float = 30.0, gate: Callable[[], bool] = lambda: True,
-                 clock: Callable[[], float] = time.monotonic, name: str = "work") -> None:
+                 clock: Callable[[], float] = time.monotonic, name: str = "work", stall_after: float = 180.0) -> None:
         self.process, self.workers, self.resync_seconds = process, workers, resync
         self.backoff, self.max_backoff, self.gate, self.clock, self.name = backoff, max_backoff, gate, clock, name
+        # how long ready work may wait untaken, or one pass run, before health() calls the queue stuck: a pass is
+        # bounded by its API calls' timeouts and its pushes' deadlines, far below this
+        self.stall_after = stall_after
         self._cv = threading.Condition()
         self._queue: list[Hashable] = []  # FIFO of keys ready to run (each at most once)
         self._queued: set[Hashable] = set()
@@ -44,6 +51,13 @@ class WorkQueue:
         self._known: set[Hashable] = set()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._gate_open = False  # the gate's last answer (a gate that raises keeps it)
+        self._gate_lock = threading.Lock()  # one gate call at a time: it caches, and its read may be slow
+        now = clock()
+        self._took = now  # when a worker last took a key, or last found nothing it could take
+        self._ticked = now  # when the clock thread last went round
+        self._since: dict[Hashable, float] = {}  # running key -> when its pass started
+        self.restarts = 0  # threads that died and were started again (the probe reports it)
 
     # -- producers ----------------------------------------------------------------------------------------
     def add(self, key: Hashable) -> None:
@@ -89,7 +103,7 @@ class WorkQueue:
     def start(self) -> None:
         targets = [(self._work, f"{self.name}-{i}") for i in range(self.workers)]
         for target, name in targets + [(self._clockwork, f"{self.name}-resync")]:
-            t = threading.Thread(target=target, name=name, daemon=True)
+            t = threading.Thread(target=self._supervised, args=(target,), name=name, daemon=True)
             t.start()
             self._threads.append(t)
 
@@ -103,52 +117,106 @@ class WorkQueue:
         for t in self._threads:
             t.join(timeout)
 
-    def _next(self) -> Hashable | None:
+    def alive_threads(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    def health(self) -> str | None:
+        """None while the queue makes progress; else why not (the liveness probe fails with it, and the kubelet
+        restarts the process: a stuck controller that says it is healthy is worse than a restart)."""
         with self._cv:
-            while not self._stopping.is_set():
-                if self._queue and self.gate():
+            now = self.clock()
+            if self._queue and now - self._took > self.stall_after:
+                return (f"{len(self._queue)} keys ready and no {self.name} worker took one for "
+                        f"{now - self._took:.0f} s")
+            stuck = [(since, key) for key, since in self._since.items() if now - since > self.stall_after]
+            if stuck:
+                since, key = min(stuck, key=lambda s: s[0])
+                return f"the {self.name} pass for {key} has run for {now - since:.0f} s"
+            if self._threads and now - self._ticked > self.stall_after:
+                return f"the {self.name} clock thread has not run for {now - self._ticked:.0f} s"
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        if dead and not self._stopping.is_set():
+            return f"{self.name} threads ended: {', '.join(dead)}"
+        return None
+
+    def _supervised(self, target: Callable[[], None]) -> None:
+        """Runs `target` until the queue stops; if it raises, logs it and runs it again after a second, so no
+        failure (an API error escaping a gate, a bug in the bookkeeping) ends a worker or the clock for good."""
+        while not self._stopping.is_set():
+            try:
+                target()
+            except BaseException:  # noqa: BLE001 - a thread of the queue must outlive any failure
+                with self._cv:
+                    self.restarts += 1
+                log.exception("%s: thread %s failed; starting it again", self.name, threading.current_thread().name)
+                self._stopping.wait(1.0)
+
+    def _gate(self) -> bool:
+        """The gate's answer, asked outside the queue's lock (it may read the API); a gate that raises keeps the
+        last answer."""
+        with self._gate_lock:
+            try:
+                self._gate_open = bool(self.gate())
+            except Exception:  # noqa: BLE001 - the peering read failing must not end a thread
+                log.warning("%s: the gate failed; keeping its last answer (%s)", self.name,
+                            "open" if self._gate_open else "closed", exc_info=True)
+            return self._gate_open
+
+    def _next(self) -> Hashable | None:
+        while not self._stopping.is_set():
+            open_ = self._gate()
+            with self._cv:
+                now = self.clock()
+                if self._queue and open_:
                     key = self._queue.pop(0)
                     self._queued.discard(key)
                     self._running.add(key)
+                    self._took = self._since[key] = now
                     return key
+                self._took = now  # nothing this worker could take: idle or standing by, not stuck
                 self._cv.wait(1.0)  # the gate may open with no one notifying
-            return None
+        return None
 
     def _work(self) -> None:
         while (key := self._next()) is not None:
-            retry = False
+            retry = True
             try:
                 retry = bool(self.process(key))
             except Exception:  # noqa: BLE001 - one object's failure must not end the worker
                 log.exception("%s pass for %s failed; retried after a backoff", self.name, key)
-                retry = True
-            with self._cv:
-                self._running.discard(key)
-                if retry and key in self._known and not self._stopping.is_set():
-                    n = self._failures[key] = self._failures.get(key, 0) + 1
-                    delay = min(self.max_backoff, self.backoff * 2 ** (n - 1))
-                    self._seq += 1
-                    heapq.heappush(self._delayed, (self.clock() + delay, self._seq, key))
-                elif not retry:
-                    self._failures.pop(key, None)
-                if key in self._again:
-                    self._again.discard(key)
-                    self._add_locked(key)
-                self._cv.notify_all()
+            finally:  # even when the pass ended in a BaseException: the key must not stay "running" for ever
+                self._finished(key, retry)
+
+    def _finished(self, key: Hashable, retry: bool) -> None:
+        with self._cv:
+            self._running.discard(key)
+            self._since.pop(key, None)
+            if retry and key in self._known and not self._stopping.is_set():
+                n = self._failures[key] = self._failures.get(key, 0) + 1
+                delay = min(self.max_backoff, self.backoff * 2 ** (n - 1))
+                self._seq += 1
+                heapq.heappush(self._delayed, (self.clock() + delay, self._seq, key))
+            elif not retry:
+                self._failures.pop(key, None)
+            if key in self._again:
+                self._again.discard(key)
+                self._add_locked(key)
+            self._cv.notify_all()
 
     def _clockwork(self) -> None:
-        """Due retries into the queue; every `resync` seconds, every known key."""
+        """Due retries into the queue; every `resync` seconds, every known key (if the gate is open)."""
         next_resync = self.clock() + self.resync_seconds
         while not self._stopping.is_set():
+            resync = self.clock() >= next_resync and self._gate()  # asked outside the lock
             with self._cv:
-                now = self.clock()
+                now = self._ticked = self.clock()
                 while self._delayed and self._delayed[0][0] <= now:
                     _, _, key = heapq.heappop(self._delayed)
                     if key in self._known:
                         self._add_locked(key)
                 if now >= next_resync:
                     next_resync = now + self.resync_seconds
-                    if self.gate():
+                    if resync:
                         for key in sorted(self._known, key=str):
                             self._add_locked(key)
                 due = [next_resync - now] + ([self._delayed[0][0] - now] if self._delayed else [])

@@ -91,8 +91,16 @@ def build_registry() -> kopf.OperatorRegistry:
                 memo.queue.add((meta.get("namespace", "default"), ref["name"]))
 
     @kopf.on.probe(id="reconciler", registry=registry)
-    def reconciler_alive(memo: kopf.Memo, **_) -> str:
-        return "ok" if getattr(memo, "reconciler", None) is not None else "starting"
+    def reconciler_alive(memo: kopf.Memo, **_) -> dict | str:
+        """The liveness probe: fails (kopf answers 500) while the work queue is stuck, so the kubelet restarts a
+        process that would otherwise report itself healthy and never pass again (chunkpilot.kube.work_queue)."""
+        queue: WorkQueue | None = getattr(memo, "queue", None)
+        if getattr(memo, "reconciler", None) is None or queue is None:
+            return "starting"
+        trouble = queue.health()
+        if trouble is not None:  # permanent: kopf would otherwise retry the probe handler and hang the request
+            raise kopf.PermanentError(trouble)
+        return {"threads": queue.alive_threads(), "of": queue.workers + 1, "restarts": queue.restarts}
 
     return registry
 
@@ -124,7 +132,7 @@ def run(config: OperatorConfig) -> None:
     load_config()
     stopping = threading.Event()
     kube = Kube(pool_size=config.workers * 2, field_manager=FIELD_MANAGER)
-    reconciler = Reconciler(kube, config.engine, event_poster(kube))
+    reconciler = Reconciler(kube, config.engine, event_poster(kube), verify_seconds=config.resync_seconds)
     process = kopf_process(config)
     # kopf pauses its own handlers on a standby replica; the queue's resync and retries ask the same peering object
     gate = PeeringGate(None if config.peering is None else
