@@ -13,7 +13,7 @@ import yaml
 from ..engine.server_proc import wait_for
 from ..operator.admission_cases import CASES, HELM_SETS
 from ..operator.operator_proc import Cluster, sample
-from .test_chart import CHART, helm
+from .test_chart import CHART, REPOSITORY, helm
 
 NS = "vap"
 
@@ -126,3 +126,67 @@ def refusal_in(k: Cluster, ns: str, body: dict) -> bool:
     k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", ns, "inferencedeployments",
                                              body["metadata"]["name"])
     return False
+
+
+SECRETS_NS = "vap-secrets"
+
+
+def test_the_operator_account_may_write_only_its_own_token_secrets(control_plane, chart_accounts):
+    """The chart's Secret policy on the real API server, as the operator's ServiceAccount: its own Opaque
+    `<name>-knobs-token` Secrets only; no service-account-token Secret, no other name, no Secret someone else made
+    (refused, not adopted: the operator then reports NameConflict)."""
+    import json
+
+    from chunkpilot.kube.client import Kube
+    from chunkpilot.operator.apply import FIELD_MANAGER
+    from chunkpilot.operator.reconciler import NOT_OURS
+
+    text = subprocess.run([helm(), "template", "cp", str(CHART), "--namespace", "chunkpilot", "--kube-version",
+                           "1.34.4", "--show-only", "templates/secrets-policy.yaml", *REPOSITORY],
+                          capture_output=True, text=True, check=True).stdout
+    vap, binding = [d for d in yaml.safe_load_all(text) if d]
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": SECRETS_NS}}}
+    adm = kubernetes.client.AdmissionregistrationV1Api(control_plane.api())
+    adm.create_validating_admission_policy(vap)
+    adm.create_validating_admission_policy_binding(binding)
+    admin = Cluster(control_plane.api())
+    admin.namespace(SECRETS_NS)
+    operator = Kube(kubernetes.config.new_client_from_config(config_file=str(chart_accounts["operator"])),
+                    field_manager=FIELD_MANAGER)
+    labels = {"app.kubernetes.io/managed-by": "chunkpilot-operator"}
+
+    def secret(name, type_="Opaque", labels=labels, data=None):
+        return {"apiVersion": "v1", "kind": "Secret", "type": type_,
+                "metadata": {"name": name, "namespace": SECRETS_NS, "labels": labels,
+                             **({"annotations": {"kubernetes.io/service-account.name": "default"}}
+                                if type_ == "kubernetes.io/service-account-token" else {})},
+                "data": data if data is not None else {"token": "dA=="}}
+
+    def refused(obj) -> str | None:
+        try:
+            operator.apply(obj, force=False)
+        except kubernetes.client.ApiException as e:
+            return f"{e.status} {json.loads(e.body)['message']}"
+        return None
+    try:
+        # compiled and picked up asynchronously: wait until it bites
+        assert wait_for(lambda: refused(secret("probe", labels={})) is not None, 30)
+        assert refused(secret("a-knobs-token")) is None  # what the operator writes
+        assert refused(secret("a-knobs-token")) is None  # and writes again on every pass
+        for bad in (secret("sa-knobs-token", type_="kubernetes.io/service-account-token"),
+                    secret("grab"), secret("b-knobs-token", labels={}),
+                    secret("c-knobs-token", data={"token": "dA==", "extra": "eA=="})):
+            message = refused(bad)
+            assert message is not None and message.startswith("403") and "chunkpilot operator" in message, message
+        # someone else's Secret of the same name: not taken over
+        admin.core.create_namespaced_secret(SECRETS_NS, {"metadata": {"name": "d-knobs-token"},
+                                                         "data": {"theirs": "eA=="}})
+        message = refused(secret("d-knobs-token"))
+        assert message is not None and NOT_OURS in message, message
+        theirs = admin.core.read_namespaced_secret("d-knobs-token", SECRETS_NS)
+        assert theirs.data == {"theirs": "eA=="} and not theirs.metadata.owner_references
+    finally:
+        adm.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        adm.delete_validating_admission_policy(vap["metadata"]["name"])
+        assert admin.delete_namespace(SECRETS_NS)

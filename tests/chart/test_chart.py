@@ -417,3 +417,39 @@ def test_notes_show_a_sample_that_works_with_the_image():
     assert sample["spec"]["model"]["source"].startswith("hf://")
     notes = (CHART / "templates" / "NOTES.txt").read_text()
     assert '.Files.Get "files/sample.yaml"' in notes and "https://..." not in notes
+
+
+def test_the_operator_network_policy_lets_its_knob_pushes_out():
+    """With networkPolicy.enabled the operator's egress reaches every engine pod's admin port, the one the engine's
+    own NetworkPolicy (builders) admits the operator to: before, egress named DNS, the API server and 9090, and
+    every push timed out into the minute-long ConfigMap path."""
+    from chunkpilot.operator import builders
+
+    (policy,) = [o for o in docs(render(None, "--set", "networkPolicy.enabled=true"))
+                 if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-operator")]
+    rules = [r for r in policy["spec"]["egress"]
+             if {"port": builders.ADMIN_PORT, "protocol": "TCP"} in r.get("ports", [])]
+    assert len(rules) == 1, policy["spec"]["egress"]
+    (peer,) = rules[0]["to"]
+    assert peer["namespaceSelector"] == {}  # engines live in the users' namespaces
+    assert peer["podSelector"]["matchLabels"].items() <= builders.labels("any").items()  # every engine pod's labels
+
+
+def test_an_admin_key_secret_of_the_users_keeps_the_key_across_renders():
+    """`helm template` (GitOps) cannot read the kept key back: each render made a new one, locking the operator
+    out of the running engines' admin ports. With operator.adminKeySecret the chart renders no key and the
+    operator reads the named one; without it, the chart's own Secret as before."""
+    def key_env(text):
+        deploy = next(o for o in docs(text) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
+        env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        return next(e for e in env if e["name"] == "CHUNKPILOT_OPERATOR_ADMIN_TOKEN_KEY")["valueFrom"]["secretKeyRef"]
+
+    def key_secrets(text):
+        return [o for o in docs(text) if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-admin-key")]
+    own = render(None)
+    assert key_env(own) == {"name": "cp-chunkpilot-operator-admin-key", "key": "key"} and len(key_secrets(own)) == 1
+    assert key_secrets(render(None))[0]["data"] != key_secrets(own)[0]["data"]  # what GitOps would get each time
+    users = [render(None, "--set", "operator.adminKeySecret=ops-admin-key", "--set",
+                    "operator.adminKeySecretKey=value") for _ in range(2)]
+    assert users[0] == users[1] and key_secrets(users[0]) == []
+    assert key_env(users[0]) == {"name": "ops-admin-key", "key": "value"}

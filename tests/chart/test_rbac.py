@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from ..conftest import service_account_user
-from ..engine.server_proc import wait_for
 from ..operator.operator_proc import Cluster, drop_legacy_finalizers, operator, sample, tuner
+from ..waiting import eventually
 from .test_chart import docs, render
 
 # Rules the chart grants that these runs cannot exercise, and why they are still needed.
@@ -25,6 +25,8 @@ NOT_EXERCISED = {
     ("", "namespaces", "list"): "kopf lists namespaces only when --namespace is given (this run is cluster-wide; "
                                 "tests/operator/test_operator_resilience.py runs the operator namespaced)",
     ("", "namespaces", "watch"): "kopf watches namespaces only when --namespace is given",
+    ("", "events", "list"): "read only while an engine pod waits in ContainerCreating (FailedMount); no kubelet runs "
+                           "pods here (tests/operator/test_pod_trouble.py, and the real node)",
     ("networking.k8s.io", "networkpolicies", "delete"): "pruned only when an operator restarted without "
                                                         "--engine-network-policy finds one of its NetworkPolicies",
 }
@@ -36,10 +38,6 @@ SERVICE_MONITOR_CRD = {
                        "listKind": "ServiceMonitorList"},
              "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
                  "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
-
-
-def eventually(cond, timeout: float = 30) -> bool:
-    return wait_for(cond, timeout, poll=0.25)
 
 
 def chart_rules(component: str) -> set[tuple[str, str, str]]:

@@ -35,6 +35,10 @@ def _source(path: str) -> dict:
     return {"model__source": "hostpath://" + path}
 
 
+def _draft(path: str) -> dict:
+    return {"engine__speculative": {"method": "draft_model", "draftModel": "hostpath://" + path}}
+
+
 # (case, spec overrides for operator_proc.sample, admitted)
 CASES = [
     ("defaults", {}, True),
@@ -73,6 +77,11 @@ CASES = [
     ("path-dotdot", _source("/mnt/models/../../etc"), False),
     ("path-dot", _source("/mnt/models/./x"), False),
     ("path-etc", _source("/etc"), False),
+    # the draft model's host path: the same rules as the model's
+    ("draft-path-allowed", _draft("/mnt/models/draft"), True),
+    ("draft-path-etc", _draft("/etc"), False),
+    ("draft-path-dotdot", _draft("/mnt/models/../../etc"), False),
+    ("draft-pvc", {"engine__speculative": {"method": "draft_model", "draftModel": "pvc://drafts/small"}}, True),
     # priority classes, images, tolerations: "" is unset on both sides
     ("priority-empty", {"engine__priorityClassName": ""}, True),
     ("priority-allowed", {"engine__priorityClassName": "batch"}, True),

@@ -126,7 +126,7 @@ class Cluster:
             fn = {"configmaps": self.core.read_namespaced_config_map, "services": self.core.read_namespaced_service,
                   "deployments": self.apps.read_namespaced_deployment,
                   "poddisruptionbudgets": self.policy.read_namespaced_pod_disruption_budget,
-                  "pods": self.core.read_namespaced_pod}[plural]
+                  "pods": self.core.read_namespaced_pod, "secrets": self.core.read_namespaced_secret}[plural]
             return json.loads(fn(name, namespace, _preload_content=False).data)
         except ApiException as e:
             if e.status == 404:

@@ -14,15 +14,11 @@ import pytest
 from kubernetes.client import ApiException
 
 from ..conftest import service_account_user
-from ..engine.server_proc import wait_for
 from .operator_proc import CHILDREN, Cluster, operator, sample
+from ..waiting import consistently, eventually
 
 NS = "op-main"
 OPERATOR = service_account_user("operator")
-
-
-def eventually(cond, timeout: float = 30) -> bool:
-    return wait_for(cond, timeout, poll=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +72,15 @@ def test_create_renders_every_object_with_owner_references(cluster):
     # Level-triggered and idempotent: another pass (triggered by an unrelated label) writes nothing to children.
     mark = cp.audit_mark()
     k.patch("alpha", {"metadata": {"labels": {"team": "search"}}}, NS)
-    # the pass the label triggered has read the children (its last read is the PDB) ...
-    assert eventually(lambda: any(e["verb"] == "get" and e["objectRef"].get("resource") == "poddisruptionbudgets"
-                                  and e["objectRef"].get("name") == "alpha" for e in cp.audit(OPERATOR, mark)))
-    time.sleep(1.0)  # ... and had its chance to write
-    assert [len(operator_writes(cp, mark, p, child(p, "alpha"))) for p in CHILDREN] == [0, 0, 0, 0]
+    def pdb_reads() -> int:  # each pass reads the children, the PDB last, before it writes anything
+        return sum(1 for e in cp.audit(OPERATOR, mark) if e["verb"] == "get" and e["objectRef"].get("name") == "alpha"
+                   and e["objectRef"].get("resource") == "poddisruptionbudgets")
+    # the pass the label triggered has read the children ...
+    assert eventually(lambda: pdb_reads() >= 1)
+    # ... and has ended once the next pass reads them (one pass at a time per object): no write in between
+    k.patch("alpha", {"metadata": {"labels": {"team": "ranking"}}}, NS)
+    consistently(lambda: [len(operator_writes(cp, mark, p, child(p, "alpha"))) for p in CHILDREN] == [0, 0, 0, 0],
+                 until=lambda: pdb_reads() >= 2, timeout=30, poll=0.2, what="no writes to unchanged children")
 
 
 def test_knob_change_updates_only_the_configmap(cluster):
@@ -109,9 +109,10 @@ def test_tuner_knobs_in_status_reach_the_configmap_and_are_kept(cluster):
     tuned = {"tokenBudget": 96, "maxChunk": 48, "source": "tuner", "generation": 5}
     k.patch("gamma", {"status": {"scheduler": tuned}}, NS, status=True)
     assert eventually(lambda: k.knobs(NS, "gamma") == {"token_budget": 96, "max_chunk": 48, "generation": 5})
-    time.sleep(1.0)
-    assert k.status(NS, "gamma")["scheduler"] == tuned
-    assert eventually(lambda: k.status(NS, "gamma")["knobs"]["source"] == "tuner")
+    # the pass that wrote the ConfigMap writes status next: the tuner's field must survive it
+    consistently(lambda: k.status(NS, "gamma")["scheduler"] == tuned,
+                 until=lambda: k.status(NS, "gamma")["knobs"]["source"] == "tuner", timeout=30, poll=0.1,
+                 what="the tuner's status.scheduler")
     # Tuning switched off: the spec's knobs come back with a newer generation (metadata.generation 2 + the tuner's
     # 5), so an acknowledgement of the tuner's never passes for them; the tuner's status.scheduler stays as written.
     k.patch("gamma", {"spec": {"tuning": {"mode": "off"}}}, NS)
@@ -239,15 +240,27 @@ def test_deployment_status_drives_the_conditions(cluster):
 def test_invalid_spec_degrades_with_a_warning_and_creates_nothing(cluster, name, override, reason, words):
     """Specs the CRD's schema and CEL admit but the operator cannot serve (admission itself is tested below)."""
     cp, k, op = cluster
+    mark = cp.audit_mark()
     k.create(sample(name, NS, **override))
     assert eventually(lambda: k.cond(NS, name, "Degraded").get("status") == "True"), op.log()
     assert k.cond(NS, name, "Degraded")["reason"] == reason and words in k.cond(NS, name, "Degraded")["message"]
 
     def warnings():
         return [m for t, r, m in k.events(NS, name) if t == "Warning" and r == reason]
+
+    def passes() -> int:  # each pass starts with a fresh read of the object
+        return sum(1 for e in cp.audit(OPERATOR, mark) if e["verb"] == "get" and e["objectRef"].get("name") == name
+                   and e["objectRef"].get("resource") == "inferencedeployments")
     assert eventually(warnings)
-    time.sleep(1.5)  # the pass that wrote Degraded triggers another pass: it must not warn again
-    assert len(warnings()) == 1 and words in warnings()[0]
+    # The pass that wrote Degraded triggers another, and so does a label: they must not warn again. A pass has
+    # ended once the next one has read the object (one pass at a time per object).
+    n = passes()
+    k.patch(name, {"metadata": {"labels": {"poke": "1"}}}, NS)
+    assert eventually(lambda: passes() >= n + 1)
+    k.patch(name, {"metadata": {"labels": {"poke": "2"}}}, NS)
+    consistently(lambda: len(warnings()) == 1, until=lambda: passes() >= n + 2, timeout=30, poll=0.2,
+                 what="one Warning while the problem lasts")
+    assert words in warnings()[0]
     assert all(k.get(p, NS, n) is None for p, n in
                [("deployments", name), ("services", name), ("configmaps", f"{name}-knobs")])
     assert op.alive()
@@ -265,10 +278,15 @@ def test_objects_with_our_names_that_are_not_ours_are_left_alone(cluster):
     victim = k.get("configmaps", NS, "kappa-knobs")
     assert victim["data"] == {"theirs": "1"} and not victim["metadata"].get("ownerReferences")
     assert k.get("deployments", NS, "kappa") is None and k.get("services", NS, "kappa") is None  # nothing half-made
+    # a ConfigMap that is the resource's: when the garbage collector has taken it, it has looked at kappa's
+    uid = k.get("inferencedeployments", NS, "kappa")["metadata"]["uid"]
+    k.core.create_namespaced_config_map(NS, {"metadata": {"name": "kappa-sentinel", "ownerReferences": [
+        {"apiVersion": "chunkpilot.io/v1alpha1", "kind": "InferenceDeployment", "name": "kappa", "uid": uid}]}})
     k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", "kappa")
     assert eventually(lambda: k.get("inferencedeployments", NS, "kappa") is None)
-    time.sleep(2)  # the garbage collector had nothing of ours to follow
-    assert k.get("configmaps", NS, "kappa-knobs")["data"] == {"theirs": "1"}
+    consistently(lambda: k.get("configmaps", NS, "kappa-knobs")["data"] == {"theirs": "1"},
+                 until=lambda: k.get("configmaps", NS, "kappa-sentinel") is None, timeout=60, poll=0.2,
+                 what="someone else's ConfigMap surviving the garbage collector")
     k.core.delete_namespaced_config_map("kappa-knobs", NS)
 
 
@@ -368,3 +386,18 @@ def test_status_is_a_subresource_with_optimistic_concurrency(cluster):
         k.patch("nu", {"metadata": {"resourceVersion": made["metadata"]["resourceVersion"]},
                        "status": {"slo": {"windowSeconds": 30}}}, NS, status=True)
     assert stale.value.status == 409
+
+
+def test_a_deleted_token_secret_is_back_at_the_next_pass(cluster):
+    """The admin token's Secret (never read back: the operator has no right to read Secrets) used to be applied once
+    per process: deleted, it stayed gone until the operator restarted, and new engine pods hung in
+    ContainerCreating (FailedMount) meanwhile."""
+    cp, k, op = cluster
+    k.create(sample("lambda", NS))
+    assert eventually(lambda: k.children_exist(NS, "lambda"))
+    assert eventually(lambda: k.get("secrets", NS, "lambda-knobs-token") is not None)
+    k.core.delete_namespaced_secret("lambda-knobs-token", NS)
+    k.patch("lambda", {"metadata": {"labels": {"poke": "1"}}}, NS)  # any pass; a resync would do it too
+    assert eventually(lambda: k.get("secrets", NS, "lambda-knobs-token") is not None), op.log()
+    secret = k.get("secrets", NS, "lambda-knobs-token")
+    assert secret["data"]["token"] and secret["metadata"]["ownerReferences"][0]["name"] == "lambda"

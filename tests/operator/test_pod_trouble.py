@@ -97,3 +97,29 @@ def test_the_ready_and_degraded_conditions_carry_the_engines_failure():
     assert (ready.status, ready.reason) == ("False", "ReplicasNotReady")
     assert ready.message == "0/1 engine pods ready: pod m-0: container engine CrashLoopBackOff; last exit 1: boom"
     assert (degraded.status, degraded.reason, degraded.message) == ("True", "EngineFailing", problem.message)
+
+
+def test_a_volume_the_kubelet_cannot_mount_is_named_from_its_event():
+    """A missing Secret, ConfigMap or claim leaves the containers in ContainerCreating, which says nothing; the
+    kubelet's FailedMount Event says why. Only pods still waiting count: an old Event of a pod that started since
+    is not news."""
+    from chunkpilot.operator.pod_trouble import creating, mount_trouble
+
+    def pod(name, reason):
+        return {"metadata": {"name": name}, "status": {"containerStatuses": [
+            {"name": "engine", "ready": False, "state": {"waiting": {"reason": reason}} if reason else
+             {"running": {}}}]}}
+
+    def event(pod_name, at, message):
+        return {"reason": "FailedMount", "involvedObject": {"kind": "Pod", "name": pod_name}, "lastTimestamp": at,
+                "message": message}
+    pods = [pod("a", "ContainerCreating"), pod("b", None)]
+    assert creating(pods) == ["a"]
+    events = [event("a", "2026-12-06T10:00:00Z", 'MountVolume.SetUp failed for volume "admin-token" : old'),
+              event("a", "2026-12-06T10:00:09Z",
+                    'MountVolume.SetUp failed for volume "admin-token" :\n secret "x-knobs-token" not found'),
+              event("b", "2026-12-06T10:00:10Z", "b started since")]
+    assert mount_trouble(pods, events) == ('pod a: FailedMount (MountVolume.SetUp failed for volume "admin-token" : '
+                                           'secret "x-knobs-token" not found)')
+    assert mount_trouble([pod("a", None)], events) is None  # started since
+    assert mount_trouble(pods, []) is None

@@ -13,19 +13,26 @@ changes trigger one; failures are retried with a backoff). Pure planning here; t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import urllib3
+import aiohttp
 
 from chunkpilot.api.types import KnobsStatus, PodKnobs
 from chunkpilot.contract.knobs import SchedulerKnobs, parse_knobs
 
 log = logging.getLogger(__name__)
 
-PUSH_TIMEOUT_SECONDS = 3.0
+# The whole request, connect to last byte: an engine applies knobs at its next step boundary and answers in
+# milliseconds; a pod that has not answered in 3 s is retried on the next pass, and its ConfigMap still holds them.
+PUSH_DEADLINE_SECONDS = 3.0
+# The answer is three integers (~70 bytes); more than this is not an engine talking.
+MAX_ANSWER_BYTES = 4096
+# Pods pushed at once: a pass over a 64-pod deployment takes one deadline, not 64, without opening 64 sockets.
+PUSH_CONCURRENCY = 16
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,24 @@ class ReadyPod:
     name: str
     ip: str
     started: str | None = None  # when its engine container (last) started: a restart makes an old ack void
+
+
+def owned_pods(pods: list[dict], replica_sets: list[dict], deployment_uid: str | None) -> list[dict]:
+    """The pods whose controller is a ReplicaSet controlled by the Deployment with `deployment_uid`: only those get
+    the admin token. Labels alone are not ownership: anyone who may create a pod in the namespace could give it
+    the engine's labels and receive every push (and its bearer token)."""
+    if not deployment_uid:
+        return []
+    ours = {(rs.get("metadata") or {}).get("uid") for rs in replica_sets
+            if _controller_uid(rs) == deployment_uid}
+    return [p for p in pods if _controller_uid(p) in ours]
+
+
+def _controller_uid(obj: dict) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
 
 
 def ready_pods(pods: list[dict]) -> list[ReadyPod]:
@@ -48,30 +73,44 @@ def ready_pods(pods: list[dict]) -> list[ReadyPod]:
     return sorted(out, key=lambda p: p.name)
 
 
-# (pod, knobs) -> the knobs the pod answers it runs; raises PushError
-Pusher = Callable[[ReadyPod, SchedulerKnobs], SchedulerKnobs]
-
-
 class PushError(Exception):
     pass
 
 
+# (pods, knobs) -> for each pod's name, the knobs it answers it runs, or why the push failed
+Pusher = Callable[[list[ReadyPod], SchedulerKnobs], Mapping[str, SchedulerKnobs | PushError]]
+
+
+def one_by_one(push: Callable[[ReadyPod, SchedulerKnobs], SchedulerKnobs]) -> Pusher:
+    """A Pusher from a function of one pod that raises PushError (tests; a pusher without concurrency)."""
+    def push_all(pods: list[ReadyPod], knobs: SchedulerKnobs) -> dict[str, SchedulerKnobs | PushError]:
+        out: dict[str, SchedulerKnobs | PushError] = {}
+        for pod in pods:
+            try:
+                out[pod.name] = push(pod, knobs)
+            except PushError as e:
+                out[pod.name] = e
+        return out
+    return push_all
+
+
 def deliver(previous: KnobsStatus | None, desired: SchedulerKnobs, source: str, pods: list[ReadyPod],
             push: Pusher) -> tuple[KnobsStatus, list[str]]:
-    """Push `desired` to every ready pod whose acknowledgement differs; returns the new status.knobs and, for each
-    pod the push failed on, why. A pod's earlier acknowledgement is kept only while it still matches (the same
-    pod's container may have restarted since, and then runs what the kubelet last wrote into its ConfigMap volume,
-    which can be older: it is pushed again)."""
+    """Push `desired` to every ready pod whose acknowledgement differs (all of them at once); returns the new
+    status.knobs and, for each pod the push failed on, why. A pod's earlier acknowledgement is kept only while it
+    still matches (the same pod's container may have restarted since, and then runs what the kubelet last wrote
+    into its ConfigMap volume, which can be older: it is pushed again)."""
     acked = {(p.pod, p.started): p for p in (previous.pods if previous else []) if p.scheduler_knobs == desired}
+    todo = [pod for pod in pods if (pod.name, pod.started) not in acked]
+    answers = push(todo, desired) if todo else {}
     entries, failures = [], []
     for pod in pods:
         if (pod.name, pod.started) in acked:
             entries.append(acked[(pod.name, pod.started)])
             continue
-        try:
-            got = push(pod, desired)
-        except PushError as e:
-            failures.append(f"{pod.name}: {e}")
+        got = answers.get(pod.name, PushError("not pushed"))
+        if isinstance(got, PushError):
+            failures.append(f"{pod.name}: {got}")
             continue
         entries.append(PodKnobs(pod=pod.name, started=pod.started, token_budget=got.token_budget,
                                 max_chunk=got.max_chunk, generation=got.generation))
@@ -82,29 +121,60 @@ def deliver(previous: KnobsStatus | None, desired: SchedulerKnobs, source: str, 
 
 
 class HttpPusher:
-    """PUT /admin/knobs with the bearer token; the answer is the pod's acknowledgement."""
+    """PUT /admin/knobs with the bearer token to many pods at once; each answer is that pod's acknowledgement.
 
-    def __init__(self, port: int, timeout: float = PUSH_TIMEOUT_SECONDS) -> None:
-        self.port = port
-        self.http = urllib3.PoolManager(num_pools=64, retries=False, timeout=urllib3.Timeout(total=timeout))
+    Each push has a deadline for the whole request (aiohttp's `total`, and asyncio's timeout around it) and a cap
+    on the answer: a per-read socket timeout bounds nothing when a pod answers one byte every second, and one such
+    pod used to hold a worker of the operator for good."""
+
+    def __init__(self, port: int, deadline: float = PUSH_DEADLINE_SECONDS, concurrency: int = PUSH_CONCURRENCY,
+                 max_answer: int = MAX_ANSWER_BYTES) -> None:
+        self.port, self.deadline, self.concurrency, self.max_answer = port, deadline, concurrency, max_answer
 
     def for_token(self, token: str) -> Pusher:
-        def push(pod: ReadyPod, knobs: SchedulerKnobs) -> SchedulerKnobs:
-            body = json.dumps({"token_budget": knobs.token_budget, "max_chunk": knobs.max_chunk,
-                               "generation": knobs.generation})
-            try:
-                r = self.http.request("PUT", f"http://{pod.ip}:{self.port}/admin/knobs", body=body,
-                                      headers={"Content-Type": "application/json",
-                                               "Authorization": f"Bearer {token}"})
-            except urllib3.exceptions.HTTPError as e:
-                raise PushError(f"cannot reach {pod.ip}:{self.port}: {type(e).__name__}") from None
+        def push_all(pods: list[ReadyPod], knobs: SchedulerKnobs) -> dict[str, SchedulerKnobs | PushError]:
+            # a loop of its own per pass: the pass runs in a work-queue thread, outside kopf's event loop
+            return asyncio.run(self._push_all(pods, knobs, token))
+        return push_all
+
+    async def _push_all(self, pods: list[ReadyPod], knobs: SchedulerKnobs,
+                        token: str) -> dict[str, SchedulerKnobs | PushError]:
+        body = json.dumps({"token_budget": knobs.token_budget, "max_chunk": knobs.max_chunk,
+                           "generation": knobs.generation})
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        limit = asyncio.Semaphore(self.concurrency)
+        connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=self.deadline),
+                                         auto_decompress=False) as session:
+            async def one(pod: ReadyPod) -> SchedulerKnobs | PushError:
+                async with limit:
+                    try:
+                        async with asyncio.timeout(self.deadline):
+                            return await self._push(session, pod, body, headers)
+                    except PushError as e:
+                        return e
+                    except TimeoutError:
+                        return PushError(f"no whole answer from {pod.ip}:{self.port} within {self.deadline:g} s")
+                    except aiohttp.ClientError as e:
+                        return PushError(f"cannot reach {pod.ip}:{self.port}: {type(e).__name__}")
+            results = await asyncio.gather(*(one(pod) for pod in pods))
+        return {pod.name: r for pod, r in zip(pods, results)}
+
+    async def _push(self, session: aiohttp.ClientSession, pod: ReadyPod, body: str,
+                    headers: dict[str, str]) -> SchedulerKnobs:
+        async with session.put(f"http://{pod.ip}:{self.port}/admin/knobs", data=body, headers=headers,
+                               allow_redirects=False) as r:
+            data = bytearray()
+            async for chunk in r.content.iter_any():
+                data += chunk
+                if len(data) > self.max_answer:
+                    raise PushError(f"answer larger than {self.max_answer} bytes: not an engine's")
             if r.status != 200:
-                raise PushError(f"HTTP {r.status}: {_message(r.data)}")
+                raise PushError(f"HTTP {r.status}: {_message(bytes(data))}")
             try:
-                return parse_knobs(r.data)
+                return parse_knobs(bytes(data))
             except ValueError as e:
                 raise PushError(f"unreadable answer: {e}") from None
-        return push
 
 
 def _message(data: bytes) -> str:

@@ -98,3 +98,30 @@ def starting(pods: list[dict]) -> bool:
                    for cs in statuses):
             return True
     return False
+
+
+def creating(pods: list[dict]) -> list[str]:
+    """Pods scheduled whose containers still wait to be created (the kubelet mounts the volumes first): the pods a
+    FailedMount can be holding up. Their statuses say only "ContainerCreating"; the why is in Events."""
+    out = []
+    for p in _live(pods):
+        st = p.get("status") or {}
+        statuses = (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
+        if any(((cs.get("state") or {}).get("waiting") or {}).get("reason") in ("ContainerCreating", "PodInitializing")
+               for cs in statuses):
+            out.append((p.get("metadata") or {}).get("name", "?"))
+    return out
+
+
+def mount_trouble(pods: list[dict], events: list[dict]) -> str | None:
+    """The kubelet's latest FailedMount of a pod still waiting to create its containers (a missing Secret,
+    ConfigMap or claim), as one line; None when there is none. Events of a pod that has since started are old news
+    and ignored."""
+    waiting = set(creating(pods))
+    found = [e for e in events if e.get("reason") == "FailedMount"
+             and (e.get("involvedObject") or {}).get("name") in waiting]
+    if not found:
+        return None
+    last = max(found, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    message = " ".join((last.get("message") or "").split())[:MAX_MESSAGE]
+    return f"pod {last['involvedObject']['name']}: FailedMount ({message})"

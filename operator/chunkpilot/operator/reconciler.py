@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,8 +19,8 @@ from pydantic import ValidationError
 from chunkpilot.api.types import (InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus,
                                   KnobsStatus, desired_knobs)
 from chunkpilot.operator import builders
-from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, ready_pods
-from chunkpilot.operator.pod_trouble import engine_trouble, starting
+from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, owned_pods, ready_pods
+from chunkpilot.operator.pod_trouble import creating, engine_trouble, mount_trouble, starting
 from chunkpilot.contract.knobs import parse_knobs
 from chunkpilot.kube.autoscalers import AutoscalerCheck
 from chunkpilot.kube.client import Kube
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 # (object, type Normal|Warning, reason, message) -> posts a Kubernetes Event about the InferenceDeployment.
 EventPoster = Callable[[dict, str, str, str], None]
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+# what the chart's Secret admission policy says when the operator's apply would take over someone else's Secret
+NOT_OURS = "was not made by the chunkpilot operator"
 # Children that come and go with the spec (the others always exist while the resource does).
 OPTIONAL_CHILDREN = [("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
                      ("networking.k8s.io/v1", "NetworkPolicy")]
@@ -59,12 +62,17 @@ def spec_error_message(err: ValidationError) -> str:
 
 class Reconciler:
     def __init__(self, kube: Kube, settings: builders.OperatorSettings, post_event: EventPoster,
-                 crd_cache_seconds: float = 60.0, pusher: HttpPusher | None = None) -> None:
+                 crd_cache_seconds: float = 60.0, pusher: HttpPusher | None = None,
+                 verify_seconds: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.kube = kube
         self.settings = settings
         self.post_event = post_event
         self.pusher = pusher or HttpPusher(builders.ADMIN_PORT)
-        self._applied_tokens: dict[tuple[str, str], str] = {}  # token this process applied to each object's Secret
+        # How long a pod's recorded acknowledgement is trusted before the pod is asked again (the push is the
+        # question: a PUT of the knobs it should run, answered with what it runs). Someone with the token can push
+        # other knobs through a port-forward; the record would otherwise say the pod runs ours for good.
+        self.verify_seconds, self.clock = verify_seconds, clock
+        self._verified: dict[tuple[str, str], float] = {}  # when every ready pod last answered a push
         self._crd_cache: tuple[float, bool] | None = None
         self._crd_cache_seconds = crd_cache_seconds
         # (namespace, name) -> the uid a Warning was posted for: once per object, forgotten with it
@@ -81,7 +89,7 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: drop what this process remembered about it."""
-        for memory in (self._hpa_owned, self._applied_tokens, self._warned_monitor, self._warned_hpa):
+        for memory in (self._hpa_owned, self._warned_monitor, self._warned_hpa, self._verified):
             memory.pop((namespace, name), None)
 
     # -- one pass ------------------------------------------------------------------------------------------
@@ -125,7 +133,7 @@ class Reconciler:
         if deploy_live is not None and self._hpa_owned.get((ns, name)):  # the HPA owns the count
             replicas = int((deploy_live.get("spec") or {}).get("replicas") or 0)
         if obj is not None and out.problem is None and deploy_live is not None:
-            knobs, push_failed, trouble, waiting = self._deliver_knobs(obj)
+            knobs, push_failed, trouble, waiting = self._deliver_knobs(obj, deploy_live)
             # pods loading or crashing change no Deployment field we watch: pass again (1 s doubling to 30 s)
             # while they do, so the conditions follow the containers within half a minute
             out.retry = push_failed or waiting
@@ -148,39 +156,57 @@ class Reconciler:
 
     # -- knobs delivery (knobs_delivery.py) ---------------------------------------------------------------
     def _apply_token_secret(self, obj: InferenceDeployment, out: Outcome) -> None:
-        """The admin token's Secret, applied without reading it back (the operator has no right to read Secrets):
-        at most once per process and token; a same-named Secret someone else wrote is a 409, not taken over."""
-        key = (obj.metadata.get("namespace", "default"), obj.metadata["name"])
-        token = builders.admin_token(obj, self.settings)  # bound to the uid: a recreated object gets a new one
-        if self._applied_tokens.get(key) == token:
-            return
-        secret = builders.admin_token_secret(obj, self.settings)
+        """The admin token's Secret, applied on every pass without reading it back (the operator has no right to
+        read Secrets): one that someone deleted is back at the next pass, not at the operator's next restart (new
+        engine pods hung in ContainerCreating meanwhile). An unchanged apply persists nothing. A same-named Secret
+        whose fields someone else wrote is a 409, not taken over."""
+        secret = builders.admin_token_secret(obj, self.settings)  # bound to the uid: a recreated object gets a new one
         try:
             self.kube.apply(secret, force=False)
         except ApiException as e:
-            if e.status == 409:
+            # 409: fields someone else wrote; the chart's admission policy (templates/secrets-policy.yaml) refuses
+            # an update of a Secret the operator did not make, and says so
+            if e.status == 409 or (e.status in (403, 422) and NOT_OURS in (e.body or "")):
                 raise _NameConflict([describe(secret)]) from None
             raise
-        self._applied_tokens[key] = token
-        out.changes.append(f"apply {describe(secret)}")
 
-    def _deliver_knobs(self, obj: InferenceDeployment) -> tuple[KnobsStatus | None, bool, str | None, bool]:
-        """Push the desired knobs to the ready pods that have not acknowledged them. Returns status.knobs, whether
+    def _deliver_knobs(self, obj: InferenceDeployment,
+                       deploy_live: dict) -> tuple[KnobsStatus | None, bool, str | None, bool]:
+        """Push the desired knobs to the ready pods that have not acknowledged them: the pods of the ReplicaSets
+        our Deployment owns, not any pod with its labels (knobs_delivery.owned_pods). Returns status.knobs, whether
         a push failed (the queue retries after 1 s, doubling to 30 s) and, from the same list of pods, why any of
         them fails to come up and whether any runs containers not ready yet (pod_trouble)."""
         ns, name = obj.metadata.get("namespace", "default"), obj.metadata["name"]
         knobs, source = desired_knobs(obj)
+        selector = builders.selector_labels(name)
         try:
-            listed = self.kube.list_pods(ns, builders.selector_labels(name))
+            listed = owned_pods(self.kube.list_pods(ns, selector), self.kube.list_replica_sets(ns, selector),
+                                (deploy_live.get("metadata") or {}).get("uid"))
         except ApiException as e:
             log.warning("cannot list the pods of %s/%s: %s", ns, name, _api_message(e, "listing pods"))
             return obj.status.knobs, True, None, False
-        status, failures = deliver(obj.status.knobs, knobs, source, ready_pods(listed),
+        now = self.clock()
+        stale = now - self._verified.get((ns, name), -math.inf) >= self.verify_seconds
+        status, failures = deliver(None if stale else obj.status.knobs, knobs, source, ready_pods(listed),
                                    self.pusher.for_token(builders.admin_token(obj, self.settings)))
+        if stale and not failures:
+            self._verified[(ns, name)] = now
         if failures:
             log.info("knobs generation %d not yet pushed to %s/%s: %s (the pods also read the ConfigMap)",
                      knobs.generation, ns, name, "; ".join(failures))
-        return status, bool(failures), engine_trouble(listed), starting(listed)
+        return status, bool(failures), engine_trouble(listed) or self._mount_trouble(ns, listed), starting(listed)
+
+    def _mount_trouble(self, ns: str, pods: list[dict]) -> str | None:
+        """A volume the kubelet cannot mount (FailedMount), which only Events say: read only while some pod waits
+        to create its containers, so a steady pass costs no list."""
+        if not creating(pods):
+            return None
+        try:
+            events = self.kube.list_events(ns, "reason=FailedMount")
+        except ApiException as e:  # an older chart's role: the condition then says "not ready" without the why
+            log.warning("cannot list the Events of %s: %s", ns, _api_message(e, "listing Events"))
+            return None
+        return mount_trouble(pods, events)
 
     def _parse(self, raw: dict) -> InferenceDeployment:
         spec = InferenceDeploymentSpec.model_validate(raw.get("spec") or {})
