@@ -15,14 +15,10 @@ import pytest
 from kubernetes.client import ApiException
 
 from ..conftest import service_account_user
-from ..engine.server_proc import wait_for
 from .operator_proc import CHILDREN, Cluster, operator, sample
+from ..waiting import eventually
 
 OPERATOR = service_account_user("operator")
-
-
-def eventually(cond, timeout: float = 30) -> bool:
-    return wait_for(cond, timeout, poll=0.25)
 
 
 @pytest.fixture

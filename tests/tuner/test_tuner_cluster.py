@@ -5,8 +5,6 @@ with the tuner stopped completes at once."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from chunkpilot.api.types import Condition, TuningStatus
@@ -14,10 +12,13 @@ from chunkpilot.kube.client import Kube
 from chunkpilot.tuner.daemon import ClusterConfig, StatusActuator, StatusWriter, start_knobs, tuning_config
 from chunkpilot.tuner.space import Knobs
 
+from ..conftest import service_account_user
 from ..engine.server_proc import wait_for
 from ..operator.operator_proc import Cluster, drop_legacy_finalizers, sample, tuner
+from ..waiting import consistently
 
 CLUSTER = ClusterConfig(prometheus_url="http://127.0.0.1:1", storage=":memory:")
+TUNER = service_account_user("tuner")
 
 
 @pytest.fixture
@@ -112,7 +113,7 @@ def test_status_actuator_writes_tuner_knobs_and_keeps_other_conditions(k):
     assert k.status(ns, "act")["tuning"]["phase"] == "Exploring"
 
 
-def test_tuner_process_holds_when_prometheus_is_unreachable(k, chart_accounts, tmp_path):
+def test_tuner_process_holds_when_prometheus_is_unreachable(k, control_plane, chart_accounts, tmp_path):
     ns = k.ns
     k.create(sample("tuned", ns))  # auto mode
     k.create(sample("plain", ns, tuning__mode="off"))
@@ -121,6 +122,7 @@ def test_tuner_process_holds_when_prometheus_is_unreachable(k, chart_accounts, t
     k.create(legacy)
     k.patch("tuned", {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]}},
             ns, status=True)
+    mark = control_plane.audit_mark()
     with tuner(chart_accounts["tuner"], tmp_path) as proc:
         def tuning():
             return k.status(ns, "tuned").get("tuning") or {}
@@ -141,8 +143,18 @@ def test_tuner_process_holds_when_prometheus_is_unreachable(k, chart_accounts, t
         def warnings():
             return [e for e in k.events(ns, "tuned") if e[1] == "MeasurementsUnavailable"]
         assert wait_for(warnings, 20, poll=0.25)
-        time.sleep(3)
-        assert len(warnings()) == 1  # posted on the transition, not on every retry
+
+        def holds_published() -> int:
+            """The tuner's status writes to "tuned" since it started: one per hold (each publishes the Holding
+            status, after posting any Event), the first of which posted the warning."""
+            return sum(1 for e in control_plane.audit(TUNER, mark) if e.get("verb") == "patch"
+                       and e.get("objectRef", {}).get("name") == "tuned"
+                       and e.get("objectRef", {}).get("subresource") == "status"
+                       and e.get("responseStatus", {}).get("code", 0) < 300)
+        # posted on the transition, not on every retry: the first hold and two retries after it (the pause doubles
+        # from 2 s, so about 14 s from the first hold)
+        consistently(lambda: len(warnings()) == 1, until=lambda: holds_published() >= 3, timeout=45, poll=0.25,
+                     what="one MeasurementsUnavailable warning over three holds")
         # Deleting a tuned resource stops its tuning thread.
         k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", ns, "inferencedeployments", "legacy")
         assert wait_for(lambda: k.get("inferencedeployments", ns, "legacy") is None, 10, poll=0.25), proc.log()

@@ -13,8 +13,8 @@ SIGKILL."""
 
 from __future__ import annotations
 
+import logging
 import threading
-import time
 
 import kopf
 import kubernetes
@@ -28,6 +28,7 @@ from chunkpilot.tuner.study import TunerStudy
 
 from ..operator.operator_proc import Cluster, sample
 from ..engine.server_proc import wait_for
+from ..waiting import consistently
 from .test_tuner_core import Killed, window
 
 NS = "tuner-restart"
@@ -110,6 +111,13 @@ def run_tuner(chart_accounts, admin, name, storage, monkeypatch, *, stopped=None
     return pods
 
 
+def failed_iterations(caplog, name: str, since: int = 0) -> int:
+    """The iterations of `name` that raised and were retried (tune_one logs each one), among caplog's records
+    after the first `since`."""
+    return sum(1 for r in caplog.records[since:] if r.name == daemon.__name__
+               and f"{NS}/{name}: an iteration failed" in r.getMessage())
+
+
 def told(storage: str, name: str, admin) -> list[tuple[int, int]]:
     """The trials the study holds as measured, in order."""
     raw = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", name)
@@ -144,7 +152,7 @@ def test_a_tuner_killed_mid_trial_on_the_api_server_decides_as_the_uninterrupted
 
 
 def test_a_read_only_study_storage_is_named_in_the_status_and_nothing_moves(admin, chart_accounts, tmp_path,
-                                                                           monkeypatch):
+                                                                           monkeypatch, caplog):
     """The study's SQLite file on a volume that went read-only (SQLite's own refusal: the file opened with
     mode=ro, as a read-only mount makes every write fail): the study opens, its first write fails, and the tuner
     reports Tuning=False (StudyStorageUnavailable) and a Warning Event once, keeps the knobs and retries."""
@@ -154,7 +162,8 @@ def test_a_read_only_study_storage_is_named_in_the_status_and_nothing_moves(admi
     run_tuner(chart_accounts, admin, name, f"sqlite:///{db}", monkeypatch, stop_after=3)  # a study with trials
     before = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments",
                                                        name)["status"]["scheduler"]
-    stopped, events = threading.Event(), []
+    caplog.set_level(logging.WARNING, logger=daemon.__name__)  # where tune_one logs each failed iteration
+    stopped, events, since = threading.Event(), [], len(caplog.records)
     tuner = threading.Thread(target=run_tuner, args=(chart_accounts, admin, name,
                                                      f"sqlite:///file:{db}?mode=ro&uri=true", monkeypatch),
                              kwargs={"stopped": stopped, "events": events}, daemon=True)
@@ -170,8 +179,11 @@ def test_a_read_only_study_storage_is_named_in_the_status_and_nothing_moves(admi
         assert tuning["status"] == "False" and "readonly database" in tuning["message"]
         assert "check the tuner's volume" in tuning["message"]
         assert st["scheduler"] == before  # nothing moved
-        time.sleep(1)  # several retries: said once while it lasts
-        assert [r for _, r, _ in events].count("StudyStorageUnavailable") == 1, events
+        # said once while it lasts: over the failure reported and two retries after it (each logged before the
+        # retry's report would be posted, so the third one's record comes after the second one's Event)
+        consistently(lambda: [r for _, r, _ in events].count("StudyStorageUnavailable") == 1,
+                     until=lambda: failed_iterations(caplog, name, since) >= 3, timeout=15,
+                     what="one StudyStorageUnavailable Event while the storage is read-only")
     finally:
         stopped.set()
         tuner.join(30)
@@ -215,7 +227,7 @@ def fill(volume) -> int:
 
 
 def test_a_full_study_volume_is_named_in_the_status_and_the_tuner_goes_on_when_there_is_room(
-        admin, chart_accounts, small_volume, monkeypatch):
+        admin, chart_accounts, small_volume, monkeypatch, caplog):
     """The study's SQLite file on a real filesystem that fills up while the tuner runs: its next write fails with
     SQLite's "database or disk is full", the tuner reports Tuning=False (StudyStorageUnavailable) and one Warning
     Event, keeps the knobs and retries; once there is room it records trials again, the earlier ones intact and
@@ -234,7 +246,8 @@ def test_a_full_study_volume_is_named_in_the_status_and_the_tuner_goes_on_when_t
                                                        name)["status"]
         return st, next((c for c in st.get("conditions") or [] if c["type"] == "Tuning"), {})
 
-    stopped, events = threading.Event(), []
+    caplog.set_level(logging.WARNING, logger=daemon.__name__)  # where tune_one logs each failed iteration
+    stopped, events, since = threading.Event(), [], len(caplog.records)
     tuner = threading.Thread(target=run_tuner, args=(chart_accounts, admin, name, storage, monkeypatch),
                              kwargs={"stopped": stopped, "events": events, "stop_after": 6}, daemon=True)
     tuner.start()
@@ -243,8 +256,10 @@ def test_a_full_study_volume_is_named_in_the_status_and_the_tuner_goes_on_when_t
         st, cond = tuning()
         assert cond["status"] == "False" and "database or disk is full" in cond["message"], cond
         assert st["scheduler"] == before  # nothing moved while the study could not record it
-        time.sleep(1)  # several retries: said once while it lasts
-        assert [r for _, r, _ in events].count("StudyStorageUnavailable") == 1, events
+        # said once while it lasts: over the failure reported and two retries after it
+        consistently(lambda: [r for _, r, _ in events].count("StudyStorageUnavailable") == 1,
+                     until=lambda: failed_iterations(caplog, name, since) >= 3, timeout=15,
+                     what="one StudyStorageUnavailable Event while the volume is full")
         (small_volume / "filler").unlink()  # room again
         tuner.join(60)  # stop_after: it measures three more windows and stops
         assert not tuner.is_alive()
