@@ -11,6 +11,11 @@
 #                             module@version` refuses it: the module is copied and those two point at their
 #                             published versions instead. Its CRDs and example RBAC are copied next to them
 #                             ($CHUNKPILOT_CACHE/prometheus-operator/$PO_VERSION/{crds,rbac}).
+#   kube-router               the test node's NetworkPolicy enforcer, its firewall controller alone (iptables and
+#                             ipset; kube-network-policies needs nftables' queue statement, which this kernel lacks).
+#                             Version 2.1.0 is the one the module proxy serves, and security flaws are reported for
+#                             it: it runs only as the test cluster's enforcer, on loopback-bound test nodes, and is
+#                             never shipped or recommended (docs/testing.md).
 # A cold build takes ~10 min on 2 cores; later runs are instant.
 set -euo pipefail
 CACHE="${CHUNKPILOT_CACHE:-$HOME/.cache/chunkpilot}"
@@ -18,6 +23,7 @@ BIN="$CACHE/bin"
 COREDNS_VERSION=v1.14.7
 PO_VERSION=v0.85.0
 PO_DIR="$CACHE/prometheus-operator/$PO_VERSION"
+KUBE_ROUTER_VERSION=v2.1.0
 mkdir -p "$BIN"
 if ! command -v go >/dev/null 2>&1; then
     echo "warning: go is not installed, so coredns and prometheus-operator cannot be built (the Helm install tests" \
@@ -85,4 +91,11 @@ if [ ! -x "$BIN/prometheus-operator" ] || [ ! -x "$BIN/prometheus-config-reloade
     mv "$WORK/out/operator" "$BIN/prometheus-operator"
     mv "$WORK/out/prometheus-config-reloader" "$BIN/prometheus-config-reloader"
     cd / && chmod -R u+w "$WORK"; rm -rf "$WORK"; trap - EXIT
+fi
+
+if [ ! -x "$BIN/kube-router" ]; then
+    echo "building kube-router $KUBE_ROUTER_VERSION into $BIN (one-time, ~5 min) ..." >&2
+    GOBIN="$BIN" go install -trimpath \
+        -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
+        "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
 fi

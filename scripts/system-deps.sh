@@ -2,7 +2,8 @@
 # Debian packages the tests use: prometheus (the server and promtool), etcd-server (the store of the real
 # kube-apiserver the operator and tuner tests run against), postgresql (the tuner's external study storage), and for
 # the local cluster's node (tests/local_cluster.py): containerd, runc, the CNI plugins, iptables (kube-proxy, the
-# CNI bridge), catatonit (the pause image) and mmdebstrap (the engine image, scripts/image.sh engine). Installed with apt when running as root;
+# CNI bridge), ipset (the NetworkPolicy enforcer's address sets), catatonit (the pause image) and mmdebstrap (the
+# engine image, scripts/image.sh engine). Installed with apt when running as root;
 # otherwise says what to run (tests then skip locally, and fail under CI=true, where tools must be present).
 set -euo pipefail
 missing=()
@@ -15,6 +16,7 @@ command -v containerd >/dev/null 2>&1 || missing+=(containerd)
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing+=(iptables)
+command -v ipset >/dev/null 2>&1 || [ -x /usr/sbin/ipset ] || missing+=(ipset)
 command -v catatonit >/dev/null 2>&1 || missing+=(catatonit)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -43,11 +43,12 @@ PO_VERSION = "v0.85.0"
 PROMETHEUS_VERSION = "v3.16.0"
 # kube-prometheus-stack's Prometheus selects ServiceMonitors and rules by this label, with its release name
 RELEASE_LABEL = {"release": "kube-prometheus-stack"}
-DEBIAN = ("containerd", "ctr", "runc", "catatonit", "iptables")
+DEBIAN = ("containerd", "ctr", "runc", "catatonit", "iptables", "ipset")
 CNI_DIR = Path("/usr/lib/cni")
 HOW = ("run as root: bash scripts/system-deps.sh (Debian containerd, runc, containernetworking-plugins, catatonit, "
-       "mmdebstrap), bash scripts/kube-tools.sh (kubelet, kube-scheduler, kube-proxy), bash scripts/cluster-tools.sh "
-       "(CoreDNS, the Prometheus Operator) and bash scripts/image.sh engine|operator|tuner")
+       "mmdebstrap, ipset), bash scripts/kube-tools.sh (kubelet, kube-scheduler, kube-proxy), bash "
+       "scripts/cluster-tools.sh (CoreDNS, the Prometheus Operator, kube-router) and bash scripts/image.sh "
+       "engine|operator|tuner")
 
 
 def find_node_binaries() -> dict[str, str] | str:
@@ -63,7 +64,7 @@ def find_node_binaries() -> dict[str, str] | str:
         path = CACHE / "kube" / KUBE_VERSION / name
         found[name] = str(path) if path.is_file() else None
     found["cni"] = str(CNI_DIR) if (CNI_DIR / "bridge").is_file() else None
-    for name in ("coredns", "prometheus", "prometheus-operator", "prometheus-config-reloader"):
+    for name in ("coredns", "prometheus", "prometheus-operator", "prometheus-config-reloader", "kube-router"):
         path = CACHE / "bin" / name
         found[name] = str(path) if path.is_file() else None
     crds = CACHE / "prometheus-operator" / PO_VERSION / "crds"
@@ -155,13 +156,15 @@ class LocalCluster(ControlPlane):
     in the `monitoring` namespace) selects ServiceMonitors and rules labelled as kube-prometheus-stack's does."""
 
     def __init__(self, workdir: Path | None = None, binaries: dict[str, str] | None = None,
-                 images: list[tuple[str, Path]] = (), prometheus_operator: bool = False) -> None:
+                 images: list[tuple[str, Path]] = (), prometheus_operator: bool = False,
+                 network_policy: bool = False) -> None:
         found = binaries or find_node_binaries()
         if isinstance(found, str):
             raise FileNotFoundError(found)
         super().__init__(workdir, found)
         self.images = list(images)
         self.with_prometheus_operator = prometheus_operator
+        self.with_network_policy = network_policy
         self.containerd_root = CACHE / "containerd"
         # State and socket at fixed paths, as /run/containerd is: a containerd started after a killed run finds
         # that run's shims (which outlive it) there and reattaches, so remove_containers can stop their containers.
@@ -279,6 +282,25 @@ state = "{self.containerd_run / 'state'}"
             self.bin["kube-proxy"], f"--kubeconfig={kc}", f"--hostname-override={NODE}", "--proxy-mode=iptables",
             f"--cluster-cidr={POD_CIDR}", f"--metrics-bind-address=127.0.0.1:{free_port()}",
             f"--healthz-bind-address=127.0.0.1:{free_port()}", "--conntrack-max-per-core=0"])
+
+    def start_network_policy(self) -> None:
+        """NetworkPolicy enforced as on a cluster whose CNI enforces it: kube-router's firewall controller alone
+        (no routing, no service proxy: kube-proxy stays), a host process with the admin's kubeconfig. It matches
+        pods by their IPs from the API in iptables chains hooked into INPUT/FORWARD/OUTPUT (pod-to-pod traffic on
+        the bridge passes iptables through br_netfilter), and rejects what no policy admits. Traffic from the host
+        itself to a pod is always admitted (its LOCAL-source rule): a test proves a denial from a pod. Only the
+        test cluster runs it (scripts/cluster-tools.sh says why not further)."""
+        subprocess.run(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], capture_output=True)
+        health = free_port()
+        self._spawn("kube-router", [
+            self.bin["kube-router"], f"--kubeconfig={self.kubeconfig}", "--run-firewall=true",
+            "--run-router=false", "--run-service-proxy=false", f"--hostname-override={NODE}",
+            "--service-cluster-ip-range=10.96.0.0/16", f"--health-port={health}", "--metrics-port=0",
+            "--iptables-sync-period=30s", "--v=1"],
+            # v2.1.0 reads NODE_NAME before --hostname-override (and the host name before both)
+            env={**os.environ, "NODE_NAME": NODE})
+        self._wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2).status == 200,
+                   "kube-router", 120)
 
     def start_kubelet(self) -> None:
         w = self.workdir
@@ -425,6 +447,8 @@ state = "{self.containerd_run / 'state'}"
         self.start_proxy()
         self.start_kubelet()
         self._wait(self.node_ready, "kubelet", 120)
+        if self.with_network_policy:  # after the node is registered: it reads the node's address
+            self.start_network_policy()
         self.provide_storage()
         if self.with_prometheus_operator:
             self.start_prometheus_operator()
@@ -434,8 +458,10 @@ state = "{self.containerd_run / 'state'}"
         stop_process(self.procs.pop("kubelet", None), grace=15)
         if "containerd" in self.procs:
             self.remove_containers()
-        for name in ("prometheus-operator", "coredns", "kube-proxy", "kube-scheduler", "containerd"):
+        for name in ("prometheus-operator", "coredns", "kube-router", "kube-proxy", "kube-scheduler", "containerd"):
             stop_process(self.procs.pop(name, None), grace=15)
+        if self.with_network_policy:  # its chains and address sets outlive it
+            subprocess.run([self.bin["kube-router"], "--cleanup-config"], capture_output=True, timeout=60)
         if "kube-proxy" in self.bin:  # its iptables chains and rules, which outlive it
             subprocess.run([self.bin["kube-proxy"], "--cleanup"], capture_output=True, timeout=60)
         self.unmount()
@@ -476,6 +502,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="where certs, etcd data, logs and admin.kubeconfig go")
     parser.add_argument("--chart", action="store_true",
                         help="also the operator and tuner images and the Prometheus Operator, for `helm install`")
+    parser.add_argument("--network-policy", action="store_true",
+                        help="enforce NetworkPolicy (kube-router's firewall alone, a test-node enforcer)")
     args = parser.parse_args()
     images = []
     for part in ("engine", "operator", "tuner") if args.chart else ("engine",):
@@ -483,7 +511,8 @@ def main() -> None:
         if isinstance(image, str):
             raise SystemExit(image)
         images.append(image)
-    with LocalCluster(args.workdir, images=images, prometheus_operator=args.chart) as c:
+    with LocalCluster(args.workdir, images=images, prometheus_operator=args.chart,
+                      network_policy=args.network_policy) as c:
         c.serve_until_interrupted(
             f"one-node cluster {KUBE_VERSION}: kube-apiserver at {c.url}, node {NODE} ({c.node_ip})\n"
             f"  export KUBECONFIG={c.kubeconfig}\n  images (imagePullPolicy: IfNotPresent): "

@@ -55,7 +55,7 @@ def helm_binary() -> str:
 @pytest.fixture(scope="module")
 def chart_cluster(tmp_path_factory):
     """A Ready node as a cluster the chart is installed into: cluster DNS, a default StorageClass, the Prometheus
-    Operator and its Prometheus, and the engine, operator and tuner images of the current code in containerd
+    Operator and its Prometheus, NetworkPolicy enforced, and the engine, operator and tuner images of the current code in containerd
     (`image_names`: part -> name). No CRD of ours: `helm install` brings it."""
     from ..local_cluster import LocalCluster, build_image, find_node_binaries
 
@@ -68,7 +68,8 @@ def chart_cluster(tmp_path_factory):
         if isinstance(built, str):
             _unavailable(built)
         images[part] = built
+    # NetworkPolicy enforced (kube-router's firewall): the chart's and the operator's policies are tested for real
     with LocalCluster(tmp_path_factory.mktemp("chart-node"), found, images=list(images.values()),
-                      prometheus_operator=True) as cluster:
+                      prometheus_operator=True, network_policy=True) as cluster:
         cluster.image_names = {part: name for part, (name, _) in images.items()}
         yield cluster

@@ -17,6 +17,7 @@ the engine applied.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -33,6 +34,7 @@ import yaml
 from chunkpilot.api.types import GROUP, PLURAL, VERSION
 from chunkpilot.contract import metric_names as m
 
+from ..conftest import service_account_user
 from ..local_cluster import MONITORING
 from ..operator.operator_proc import Cluster
 from .test_real_pods import Load, chat, engine_metrics, first_token, poll, tunable_deployment
@@ -97,7 +99,14 @@ class Admin:
                              f"{[(c.name, c.ready, c.restart_count, c.state) for c in p.status.container_statuses or []]}")
                 parts.append(f"events: {self.k.events(ns, p.metadata.name)}")
                 parts.append(self.cluster.pod_log(ns, p.metadata.name, 2500))
-        for name in ("kubelet", "prometheus-operator", "coredns"):
+        try:  # what Prometheus makes of each target (a refused scrape says so here)
+            (prom,) = self.pods(MONITORING, "app.kubernetes.io/name=prometheus")
+            targets = json.loads(urllib.request.urlopen(f"http://{prom.status.pod_ip}:9090/api/v1/targets",
+                                                        timeout=5).read())["data"]["activeTargets"]
+            parts.append(f"Prometheus targets: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}")
+        except Exception as e:  # noqa: BLE001 - diagnostics only
+            parts.append(f"Prometheus targets unreadable: {e!r}")
+        for name in ("kubelet", "prometheus-operator", "coredns", "kube-router"):
             parts.append(f"--- {name}\n{self.cluster.log(name, 1500)}")
         return "\n".join(parts)[-30000:]
 
@@ -382,6 +391,174 @@ def test_two_operator_replicas_one_acts_the_highest_priority(admin):
     refused = [e.get("objectRef") for e in admin.cluster.audit(user=user, since=mark)
                if e.get("responseStatus", {}).get("code") == 403]
     assert not refused, refused[:5]
+
+
+def operator_health(admin: Admin) -> dict[str, dict]:
+    """Each operator pod's liveness answer (kopf's /healthz with our work queue's probe), as the kubelet gets it."""
+    out = {}
+    for pod in admin.component("operator"):
+        with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8080/healthz", timeout=5) as r:
+            out[pod.metadata.name] = json.loads(r.read())
+    return out
+
+
+def test_two_operator_replicas_outlive_an_api_outage_and_push_the_next_change(admin):
+    """The API server stopped for 90 s (connections refused: what a restarting control-plane node looks like to
+    its clients) under the chart's two operator replicas. Before, the peering gate's read let urllib3's
+    connection errors out and ended the worker thread that asked, one per 5 s of outage, then the clock thread:
+    the operator looked healthy and never passed again. Then a spec change is observed and pushed to the engine
+    within 30 s, and every queue thread of both replicas is alive."""
+    pods = admin.component("operator")
+    assert len(pods) == 2, "runs after the two-replica test"
+    before = admin.k.status(APP_NS, NAME)["knobs"]["generation"]
+    cluster = admin.cluster
+    cluster.kill_apiserver()
+    try:
+        time.sleep(90)  # the outage itself: nothing is asserted during it
+    finally:  # the cluster is the module's: it comes back whatever happened here
+        cluster.start_apiserver()
+    back = datetime.datetime.now(datetime.UTC)
+
+    def recovered() -> bool:
+        """Kubernetes' own recovery first: the kubelet's heartbeat since the restart (until then the API holds the
+        pods' conditions from before the outage, and the node controller may still mark them not ready), the
+        engine pod and both operator pods ready."""
+        import kubernetes
+
+        (node,) = admin.k.core.list_node().items
+        lease = kubernetes.client.CoordinationV1Api(admin.k.api).read_namespaced_lease(node.metadata.name,
+                                                                                       "kube-node-lease")
+        ready = next(c for c in node.status.conditions if c.type == "Ready")
+        operators = admin.component("operator")
+        return (ready.status == "True" and lease.spec.renew_time > back and admin.engine_pod() is not None
+                and admin.ready(admin.engine_pod()) and len(operators) == 2 and all(admin.ready(p) for p in operators))
+    poll(recovered, 180, "the node, the engine and both operator pods ready after the outage", admin.diagnose)
+    t0 = time.monotonic()
+    admin.k.patch(NAME, {"spec": {"tuning": {"mode": "off"}, "scheduler": {"tokenBudget": 200, "maxChunk": 40}}},
+                  APP_NS)
+
+    def pushed() -> bool:
+        k = admin.k.status(APP_NS, NAME).get("knobs") or {}
+        return (k.get("tokenBudget") == 200 and k.get("generation", 0) > before and k.get("appliedReplicas") == 1
+                and [(p["tokenBudget"], p["generation"]) for p in k.get("pods", [])] == [(200, k["generation"])])
+    poll(pushed, 30, "the change made after the outage pushed to the engine pod", admin.diagnose, interval=0.5)
+    TIMINGS["after_api_outage_change_to_pushed_s"] = time.monotonic() - t0
+    health = operator_health(admin)
+    assert all(h["reconciler"]["threads"] == h["reconciler"]["of"] and h["reconciler"]["restarts"] == 0
+               for h in health.values()), health
+    admin.k.patch(NAME, {"spec": {"tuning": {"mode": "auto"}}}, APP_NS)  # as the later tests expect it
+
+
+def new_namespace(admin: Admin, name: str) -> str:
+    """A namespace whose default ServiceAccount exists (the controller manager makes it; pods are refused before)."""
+    admin.k.namespace(name)
+    poll(lambda: admin.k.core.list_namespaced_service_account(name).items, 30, f"the default account of {name}",
+         admin.diagnose)
+    return name
+
+
+def reaches(admin: Admin, *probes: tuple[str, str, int]) -> list[bool]:
+    """For each (namespace, ip, port): whether a new pod in that namespace opens a TCP connection to ip:port within
+    8 s of trying, all probes at once: a client as a policy sees one (the host's own connections to pods are always
+    admitted by the enforcer). A probe tries again for a while because the enforcer adds a new pod's address to
+    the policies' sets only once the pod has one, which can be after its first connection; a refusal is answered at
+    once (REJECT)."""
+    import uuid
+
+    pods = []
+    for namespace, ip, port in probes:
+        name = f"probe-{uuid.uuid4().hex[:8]}"
+        code = (f"import socket, sys, time\nend = time.monotonic() + 8\nwhile True:\n"
+                f"    try:\n        socket.create_connection(({ip!r}, {port}), timeout=2).close()\n"
+                f"        sys.exit(0)\n    except OSError:\n        if time.monotonic() > end:\n"
+                f"            sys.exit(1)\n        time.sleep(0.5)\n")
+        admin.k.core.create_namespaced_pod(namespace, {
+            "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [{
+                "name": "probe", "image": admin.cluster.image_names["tuner"], "command": ["python3", "-c", code],
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}}}]}})
+        pods.append((namespace, name))
+
+    def phases() -> list[str]:
+        return [admin.k.core.read_namespaced_pod(name, ns).status.phase for ns, name in pods]
+    try:
+        done = poll(lambda: all(p in ("Succeeded", "Failed") for p in phases()) and phases(), 90,
+                    f"the probe pods {pods} finishing", admin.diagnose)
+        return [p == "Succeeded" for p in done]
+    finally:
+        for ns, name in pods:
+            admin.k.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+
+def test_the_node_enforces_network_policy(admin):
+    """The test node's enforcer is real before anything relies on it: a deny-all policy blocks a connection that
+    works without it, and removing the policy lets it through again."""
+    ns = new_namespace(admin, "np-proof")
+    admin.k.core.create_namespaced_pod(ns, {
+        "metadata": {"name": "server", "labels": {"app": "server"}},
+        "spec": {"automountServiceAccountToken": False, "containers": [{
+            "name": "server", "image": admin.cluster.image_names["tuner"],
+            "command": ["python3", "-m", "http.server", "8080"],
+            "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}}}]}})
+    ip = poll(lambda: admin.ready(admin.k.core.read_namespaced_pod("server", ns))
+              and admin.k.core.read_namespaced_pod("server", ns).status.pod_ip, 90, "the server pod", admin.diagnose)
+    assert reaches(admin, (ns, ip, 8080)) == [True], "no policy: the connection must work"
+    net = __import__("kubernetes").client.NetworkingV1Api(admin.k.api)
+    net.create_namespaced_network_policy(ns, {"metadata": {"name": "deny-all"},
+                                              "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}})
+    poll(lambda: reaches(admin, (ns, ip, 8080)) == [False], 120, "the deny-all policy blocking a new connection",
+         lambda: admin.cluster.log("kube-router", 3000))
+    net.delete_namespaced_network_policy("deny-all", ns)
+    poll(lambda: reaches(admin, (ns, ip, 8080)) == [True], 120, "the connection working again without the policy",
+         lambda: admin.cluster.log("kube-router", 3000))
+    assert admin.k.delete_namespace(ns)
+
+
+def test_the_charts_network_policies_enforced_keep_every_path_the_chart_means(admin):
+    """`networkPolicy.enabled=true` on a node that enforces it: the operator's knob push reaches the engine's admin
+    port (before, its egress left out 8001 and every push timed out into the minute-long ConfigMap path), a pod in
+    another namespace reaches neither engine port, a pod beside the engine reaches the API port and not the admin
+    one, Prometheus still scrapes the engine, and the tuner still reads Prometheus."""
+    mark = admin.cluster.audit_mark()
+    admin.helm("upgrade", RELEASE, str(CHART), "-n", NS, "-f", str(admin.values), "--set", "networkPolicy.enabled=true",
+               "--set", f"networkPolicy.apiServerPorts={{{admin.cluster.port}}}", "--wait", "--timeout", "5m")
+    net = __import__("kubernetes").client.NetworkingV1Api(admin.k.api)
+    assert {p.metadata.name for p in net.list_namespaced_network_policy(NS).items} == {
+        f"{RELEASE}-chunkpilot-operator", f"{RELEASE}-chunkpilot-tuner"}
+    t_enabled = time.time()
+    pod = poll(lambda: admin.engine_pod() and admin.ready(admin.engine_pod()) and admin.engine_pod(), 120,
+               "the engine pod ready", admin.diagnose)
+    ip = pod.status.pod_ip
+    # the tuner reads Prometheus through its policy: a status written after the upgrade, not saying it cannot
+    tuner = service_account_user("tuner")
+    poll(lambda: any((e.get("objectRef") or {}).get("subresource") == "status" and e.get("verb") == "patch"
+                     and (e.get("responseStatus") or {}).get("code", 200) < 300
+                     for e in admin.cluster.audit(tuner, mark)), 180, "the tuner writing status", admin.diagnose)
+    assert admin.k.cond(APP_NS, NAME, "Tuning").get("reason") != "MeasurementsUnavailable", admin.k.status(APP_NS, NAME)
+    # Prometheus (a pod in `monitoring`) still scrapes the engine through the engine's policy
+    poll(lambda: [r for r in admin.prometheus(f'timestamp(up{{namespace="{APP_NS}"}} == 1)')
+                  if float(r["value"][1]) > t_enabled], 90, "a scrape of the engine after the upgrade",
+         admin.diagnose, interval=2)
+    # the operator's push reaches 8001: only a push's answer acknowledges knobs
+    before = admin.k.status(APP_NS, NAME)["knobs"]["generation"]
+    t0 = time.monotonic()
+    admin.k.patch(NAME, {"spec": {"tuning": {"mode": "off"}, "scheduler": {"tokenBudget": 224, "maxChunk": 56}}},
+                  APP_NS)
+
+    def acknowledged() -> bool:
+        k = admin.k.status(APP_NS, NAME).get("knobs") or {}
+        return k.get("generation", 0) > before and [(p["tokenBudget"], p["generation"]) for p in k.get("pods", [])] \
+            == [(224, k["generation"])]
+    poll(acknowledged, 30, "the push acknowledged through the policies", admin.diagnose, interval=0.25)
+    TIMINGS["network_policy_change_to_acknowledged_s"] = time.monotonic() - t0
+    admin.k.patch(NAME, {"spec": {"tuning": {"mode": "auto"}}}, APP_NS)
+    # who else reaches the engine: another namespace nothing; its own namespace the API port, not the admin port
+    outsider = new_namespace(admin, "outsider")
+    got = reaches(admin, (outsider, ip, 8001), (outsider, ip, 8000), (APP_NS, ip, 8000), (APP_NS, ip, 8001))
+    assert got == [False, False, True, False], got
+    assert admin.k.delete_namespace(outsider)
+    # (the next test uninstalls the release, policies and all)
 
 
 def test_helm_uninstall_keeps_the_crds_the_study_and_the_running_engines(admin):

@@ -38,6 +38,11 @@ class KopfProcess:
                                                                           key="last-handled-configuration")
         s.persistence.finalizer = self.finalizer or f"{self.prefix}/finalizer"
         s.execution.max_workers = self.workers
+        # kopf retries a failed API request 8 times over 54 s, then gives the error up; after a longer outage
+        # its watches then waited on their own backoff, and a change made right after the API server was back
+        # went unseen for up to a minute. Retried without end instead, at most 5 s apart: each watch reconnects
+        # within seconds of the API server's return.
+        s.networking.error_backoffs = ReconnectBackoffs()
         # Only our explicit Events reach `kubectl describe`, not kopf's per-handler chatter.
         s.posting.level = logging.WARNING
         s.peering.standalone = self.peering is None
@@ -67,6 +72,16 @@ class KopfProcess:
             thread.join(0.5)
         if failure:
             raise SystemExit(f"{self.prefix} stopped: {failure[0]!r}")
+
+
+class ReconnectBackoffs:
+    """1, 1, 2, 3 seconds, then 5 for ever; a fresh sequence for each request (kopf iterates it per request, so
+    one shared iterator would run dry)."""
+
+    def __iter__(self):
+        yield from (1, 1, 2, 3)
+        while True:
+            yield 5
 
 
 def with_client_login(registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
