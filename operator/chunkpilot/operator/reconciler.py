@@ -116,7 +116,7 @@ class Reconciler:
         deploy_live = None
         if out.problem is None and obj is not None:
             try:
-                self._apply_token_secret(obj, out)
+                self._apply_token_secret(obj)
                 deploy_live = self._apply_all(raw, desired, out)
             except _NameConflict as e:
                 out.problem = Problem("NameConflict", str(e))
@@ -155,7 +155,7 @@ class Reconciler:
         return out
 
     # -- knobs delivery (knobs_delivery.py) ---------------------------------------------------------------
-    def _apply_token_secret(self, obj: InferenceDeployment, out: Outcome) -> None:
+    def _apply_token_secret(self, obj: InferenceDeployment) -> None:
         """The admin token's Secret, applied on every pass without reading it back (the operator has no right to
         read Secrets): one that someone deleted is back at the next pass, not at the operator's next restart (new
         engine pods hung in ContainerCreating meanwhile). An unchanged apply persists nothing. A same-named Secret
