@@ -215,6 +215,37 @@ def test_engine_settings_have_one_default_wherever_they_are_declared():
     assert d.TUNING_BUDGET_BOUNDS[0] >= d.MAX_NUM_SEQS  # the default bounds pass the rule knob_refusal checks
 
 
+def test_every_engine_setting_is_declared_once_and_the_configs_and_the_cli_follow_it():
+    """chunkpilot.contract.engine_settings.SETTINGS is the one declaration: EngineConfig and ServerSettings have a
+    field for each setting of their layer with its default, and `chunkpilot engine serve` has exactly one option
+    per setting with its option strings, env var and default (and `generate` those marked for it)."""
+    import dataclasses
+
+    import typer.main
+
+    from chunkpilot.cli.engine import app as engine_app
+    from chunkpilot.contract import engine_settings as d
+    from chunkpilot.engine.config import EngineConfig
+    from chunkpilot.engine.server import ServerSettings
+
+    for layer, cls in (("engine", EngineConfig), ("server", ServerSettings)):
+        fields = {f.name: f.default for f in dataclasses.fields(cls)}
+        for s in d.layer(layer):
+            assert s.name in fields, (cls.__name__, s.name)
+            if s.default is not ...:
+                assert fields[s.name] == s.default, (cls.__name__, s.name, fields[s.name], s.default)
+    commands = typer.main.get_command(engine_app).commands
+    serve = {p.name: p for p in commands["serve"].params}
+    assert set(serve) == set(d.BY_NAME)
+    for s in d.SETTINGS:
+        p = serve[s.name]
+        assert (*p.opts, *p.secondary_opts) == s.option_strings and p.envvar == s.env, s.name
+        assert p.required if s.default is ... else p.default == s.default, s.name
+    generate = {p.name for p in commands["generate"].params}
+    assert {s.name for s in d.SETTINGS if s.generate} <= generate
+    assert len({s.env for s in d.SETTINGS}) == len(d.SETTINGS)
+
+
 def test_the_knobs_have_one_type():
     """One value type for the two knobs (chunkpilot.contract.knobs.Knobs): the tuner searches over it, the knobs
     file and the API's scheduler spec and status convert to and from it without re-spelling the fields."""

@@ -442,9 +442,10 @@ def test_the_operator_judges_the_shared_table_of_specs(case, overrides, admitted
     assert (verdict is None) == admitted, (case, verdict)
 
 
-def test_the_engine_options_are_read_from_the_engine_command():
-    """Owned and free options come from `chunkpilot engine serve` itself: the -tp alias is owned with its long
-    name, every operator setting has an option, and the chart's copy of the lists is the generated one."""
+def test_the_engine_options_are_read_from_the_engine_settings():
+    """Owned and free options come from the engine settings' one declaration (the CLI's options are built from it,
+    tests/test_package.py holds them together): the -tp alias is owned with its long name, every operator setting
+    has an option, the chart's copy of the lists is the generated one, and the operator does not load the CLI."""
     from chunkpilot.operator import rules
 
     free, owned = rules.engine_options()
@@ -453,6 +454,13 @@ def test_the_engine_options_are_read_from_the_engine_command():
     assert len(owned) >= len(rules.OPERATOR_ENGINE_SETTINGS)
     committed = (ROOT / "helm" / "chunkpilot" / "files" / "engine-rules.json").read_text()
     assert committed == rules.render(), "helm/chunkpilot/files/engine-rules.json is stale: run `chunkpilot crds generate`"
+    import subprocess
+    import sys
+    loaded = subprocess.run([sys.executable, "-c", "import sys, chunkpilot.operator.builders, chunkpilot.operator.rules;"
+                             "chunkpilot.operator.rules.engine_options();"
+                             "print(sorted(m for m in sys.modules if m.startswith(('chunkpilot.cli', 'typer'))))"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", loaded
 
 
 def test_every_engine_setting_the_operator_renders_is_reserved():

@@ -1,6 +1,17 @@
-"""The engine settings more than one part declares, one value each: the engine's EngineConfig, the CLI's options,
-the CRD's defaults and the tuner's default search bounds all read them here (they used to disagree: maxNumSeqs
-was 32 on the command line and 64 in the CRD)."""
+"""Every engine setting, declared once: its name, type, default, environment variable, help, which part of the
+engine reads it, and whether the operator sets it. `chunkpilot engine serve`/`generate` build their options from
+this table, `EngineConfig` and `ServerSettings` take their defaults from it (a test holds their fields to it), the
+operator renders its env through `Setting.env` and refuses the options it owns from `option_strings`. Torch-free
+and CLI-free: the operator image carries this package, not the engine or the CLI.
+
+The plain constants below are the values more than one part shares (the CRD's defaults and the tuner's default
+search bounds read them too)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 # Start-up knobs: vLLM's chunked-prefill default budget, with chunks as large as the budget.
 TOKEN_BUDGET = 512
@@ -23,3 +34,136 @@ SPECULATIVE_METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16
 NUM_SPECULATIVE_TOKENS = 2
 PROMPT_LOOKUP = (1, 4)  # the n-gram lookup's shortest and longest context (vLLM's prompt_lookup_min/max)
+
+ENV_PREFIX = "CHUNKPILOT_"
+
+# Who reads a setting: the engine's EngineConfig, the server's ServerSettings, or the process that listens (uvicorn).
+Layer = Literal["engine", "server", "listen"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the field of EngineConfig/ServerSettings and the option's stem
+    kind: type  # int, float, str, bool or Path; with default None the value is optional
+    default: Any
+    help: str
+    layer: Layer
+    operator: bool = False  # the operator sets it on every engine pod: a spec may not set it through extraArgs
+    generate: bool = False  # `chunkpilot engine generate` has it too
+    decls: tuple[str, ...] = ()  # option strings when not `--name-with-dashes` (aliases, on/off pairs)
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def param_decls(self) -> tuple[str, ...]:
+        """What the CLI declares: a bool without its own declarations gets the `--x/--no-x` pair, as typer would."""
+        if self.decls:
+            return self.decls
+        if self.kind is bool:
+            return (f"{self.option}/--no-{self.option[2:]}",)
+        return (self.option,)
+
+    @property
+    def option_strings(self) -> tuple[str, ...]:
+        """Every string that names this option on a command line (aliases and `--no-` forms included)."""
+        return tuple(s for decl in self.param_decls for s in decl.split("/"))
+
+
+COMPILE_HELP = ("Compile the forward of small steps (decodes) with torch.compile at start-up, on the CPU with one "
+                "rank: faster decodes, minutes longer start-up (measured on the results page, docs/results.md; "
+                "inductor's cache in TORCHINDUCTOR_CACHE_DIR makes later starts shorter).")
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("model", Path, ..., "Hugging Face model folder (PVC, host path or baked into the image; see "
+            "`chunkpilot model fetch`).", "engine", operator=True, generate=True),
+    Setting("host", str, "0.0.0.0", "Address to listen on.", "listen", operator=True),
+    Setting("port", int, 8000, "Port for the API, /health, /ready and /metrics.", "listen", operator=True),
+    Setting("served_model_name", str, None, "Model name clients send (default: the folder's name).", "server",
+            operator=True),
+    Setting("api_key", str, None, "Require `Authorization: Bearer KEY` on /v1/*; several keys separated by commas "
+            "are several tenants, whose prompts never share prefix-cache blocks. Prefer the env var (a Secret) to "
+            "the flag.", "server", operator=True),
+    Setting("knobs_file", Path, None, "Scheduler knobs JSON {token_budget, max_chunk, generation}, watched and "
+            "applied while serving.", "server", operator=True),
+    Setting("knobs_poll_interval", float, 0.2, "Seconds between reads of the knobs file.", "server"),
+    Setting("admin_port", int, None, "Port of the knobs admin endpoint (PUT/GET /admin/knobs), where the operator "
+            "pushes knobs; needs --admin-token-file. Once a push is applied the knobs file is read again only at "
+            "the next start.", "server", operator=True),
+    Setting("admin_token_file", Path, None, "File holding the admin endpoint's bearer token (a Secret volume), read "
+            "on every request.", "server", operator=True),
+    Setting("token_budget", int, TOKEN_BUDGET, "Initial tokens per step, decodes first, then prefill chunks (the "
+            "knobs file overrides it).", "engine", operator=True, generate=True),
+    Setting("max_chunk", int, MAX_CHUNK, "Initial largest prefill chunk per sequence per step (the knobs file "
+            "overrides it).", "engine", operator=True, generate=True),
+    Setting("max_num_seqs", int, MAX_NUM_SEQS, "Cap on running sequences; token budgets below it are refused.",
+            "engine", operator=True, generate=True),
+    Setting("max_token_budget", int, None, "Largest token budget a knobs file may set (default: what the GPU's "
+            "memory leaves room for, at most max-num-seqs x max-model-len); larger ones are refused and the last "
+            "good knobs stay.", "engine"),
+    Setting("max_waiting", int, 256, "Requests allowed to wait; beyond it HTTP 429 with Retry-After.", "server"),
+    Setting("max_model_len", int, None, "Prompt + output limit (default: the model's, capped at 8192).", "engine",
+            operator=True),
+    Setting("block_size", int, 16, "Tokens per KV-cache block.", "engine"),
+    Setting("kv_cache_memory_gb", float, None, "CPU: memory for the KV cache (default 1 GB).", "engine"),
+    Setting("gpu_memory_utilization", float, 0.85, "GPU: fraction of the card for weights + KV cache.", "engine",
+            operator=True),
+    Setting("enable_prefix_caching", bool, True, "Reuse KV blocks of shared prompt prefixes.", "engine",
+            operator=True),
+    Setting("dtype", str, "auto", "float32 | bfloat16 | float16 | auto (float32 on CPU).", "engine", operator=True,
+            generate=True),
+    Setting("device", str, "auto", "cpu | cuda | cuda:N | auto.", "engine", operator=True, generate=True),
+    Setting("threads", int, None, "CPU threads for torch (default: torch's choice).", "engine", generate=True),
+    Setting("attention_backend", str, "auto", "auto | sdpa | varlen (FlashAttention on CUDA, checked at start-up).",
+            "engine", generate=True),
+    Setting("quantization", str, None, "Weight-only quantization of the linear layers at load time (vLLM's flag): "
+            "int8 (per channel) | int4 (groups of 32) on the CPU, fp8 on Hopper GPUs, or none.", "engine",
+            operator=True, generate=True, decls=("--quantization", "-q")),
+    Setting("speculative_config", str, None, "Speculative decoding as JSON (vLLM's flag): method ngram (prompt "
+            "lookup; prompt_lookup_min/max) or draft_model (\"model\": a smaller model's folder with the same "
+            "tokenizer), num_speculative_tokens 1-16; e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}' "
+            "or '{\"model\": \"/models/draft\"}'. Off by default.", "engine", operator=True, generate=True),
+    Setting("tensor_parallel_size", int, 1, "GPUs (ranks) to split the model across, Megatron-style; the engine "
+            "starts ranks 1..N-1 as its own processes in the container. Must divide the attention heads and the "
+            "MLP width.", "engine", operator=True, generate=True, decls=("--tensor-parallel-size", "-tp")),
+    Setting("compile", bool, False, COMPILE_HELP, "engine", generate=True, decls=("--compile",)),
+    Setting("tensor_parallel_timeout", float, 120.0, "Seconds a collective between ranks may take (more than the "
+            "slowest step); a rank that hangs longer makes the engine exit non-zero, so the pod restarts.",
+            "engine"),
+    Setting("grace_period", float, 30.0, "Seconds in-flight requests may finish after SIGTERM.", "server",
+            operator=True),
+    Setting("max_request_bytes", int, None, "Largest request body; larger ones get HTTP 413 before they are parsed "
+            "(default: 64 bytes per token of max-model-len, at least 1 MiB).", "server"),
+    Setting("stream_write_timeout", float, 30.0, "Seconds a stream may wait on a client that reads nothing before "
+            "it is aborted and its slot freed.", "server"),
+    Setting("stall_timeout", float, 120.0, "/health fails (the pod restarts) when one engine step has run this "
+            "long.", "server"),
+    Setting("prompt_tokens_details", bool, True, "Report usage.prompt_tokens_details.cached_tokens. The count tells "
+            "a caller which prompt prefixes are cached: with one shared key, hide it or give each tenant its own "
+            "key.", "server",
+            decls=("--enable-prompt-tokens-details/--disable-prompt-tokens-details",)),
+    Setting("exit_on_load_failure", bool, False, "Exit with status 1 when the model fails to load, the error as the "
+            "last log line (in a pod: restarted and reported at once); by default the server stays up and says "
+            "why on /ready.", "server", operator=True),
+    Setting("seed", int, 0, "Seed for requests without their own.", "engine"),
+    Setting("log_level", str, "info", "debug | info | warning | error.", "listen"),
+)
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+def default(name: str) -> Any:
+    """A setting's default, for the typed configs that declare the field (EngineConfig, ServerSettings)."""
+    return BY_NAME[name].default
+
+
+def layer(name: Layer) -> tuple[Setting, ...]:
+    return tuple(s for s in SETTINGS if s.layer == name)
+
+
+def operator_settings() -> tuple[Setting, ...]:
+    return tuple(s for s in SETTINGS if s.operator)

@@ -1,4 +1,4 @@
-"""The scheduler knobs and the knobs file, the contract between whoever chooses the knobs (the operator's ConfigMap,
+"""The scheduler knobs, the knobs file and the admin push that carries the same content, the contract between whoever chooses the knobs (the operator's ConfigMap,
 the local tuner, the demo) and the engine that applies them: `{"token_budget": int, "max_chunk": int,
 "generation": int}`, its one validation, its one reader and its one writer. Torch-free: operator and tuner images
 carry this package, not the engine."""
@@ -61,6 +61,9 @@ class SchedulerKnobs:
 
 
 FIELDS = ("token_budget", "max_chunk", "generation")
+# The engine's admin endpoint (its own port): PUT a knobs file's content there to apply it at once, GET to read
+# what the engine runs; both answer with the knobs file's content. The operator pushes here (knobs_delivery.py).
+ADMIN_PATH = "/admin/knobs"
 
 
 def parse_knobs(data: bytes | str) -> SchedulerKnobs:
@@ -80,9 +83,14 @@ def parse_knobs(data: bytes | str) -> SchedulerKnobs:
     return SchedulerKnobs(obj["token_budget"], obj["max_chunk"], obj["generation"])
 
 
+def knobs_object(knobs: SchedulerKnobs) -> dict[str, int]:
+    """The file's content as a JSON object (the admin endpoint's answer)."""
+    return {f: getattr(knobs, f) for f in FIELDS}
+
+
 def dumps_knobs(knobs: SchedulerKnobs) -> str:
     """The file's content for `knobs` (keys sorted, so the same knobs always give the same bytes)."""
-    return json.dumps({f: getattr(knobs, f) for f in FIELDS}, sort_keys=True)
+    return json.dumps(knobs_object(knobs), sort_keys=True)
 
 
 def write_knobs(path: str | Path, knobs: SchedulerKnobs) -> None:

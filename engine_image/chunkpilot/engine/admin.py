@@ -26,29 +26,19 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.knobs import ADMIN_PATH, SchedulerKnobs, knobs_object, parse_knobs
 from chunkpilot.engine.api_error import ApiError, bad_request, unavailable
 from chunkpilot.engine.body_limit import BodyLimitMiddleware
 from chunkpilot.engine.knobs import KnobHolder
 from chunkpilot.engine.protocol import error_body
 
 log = logging.getLogger(__name__)
-KNOBS_PATH = "/admin/knobs"
+KNOBS_PATH = ADMIN_PATH
 # The knobs body is about 70 bytes; anything much larger is not a push.
 MAX_BODY_BYTES = 4096
 TOO_LARGE_ADVICE = "the most the admin endpoint accepts: send only the knobs (token_budget, max_chunk, generation)"
-
-
-class KnobsBody(BaseModel):
-    """The knobs file's contract as a request body (the same three fields, nothing else)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    token_budget: int = Field(..., ge=1)
-    max_chunk: int = Field(..., ge=1)
-    generation: int = Field(..., ge=0)
 
 
 def _read_token(path: Path) -> str | None:
@@ -121,22 +111,24 @@ def build_admin_app(token_file: str | Path, holder: Callable[[], KnobHolder | No
             raise unavailable("the model is still loading; the knobs file is applied when it is ready")
         return h
 
-    def answer(knobs: SchedulerKnobs) -> dict:
-        return {"token_budget": knobs.token_budget, "max_chunk": knobs.max_chunk, "generation": knobs.generation}
+    answer = knobs_object
 
     @app.get(KNOBS_PATH)
     async def get_knobs() -> dict:
         return answer(ready_holder().get())
 
     @app.put(KNOBS_PATH)
-    async def put_knobs(body: KnobsBody) -> dict:
+    async def put_knobs(request: Request) -> dict:
         h = ready_holder()
-        knobs = SchedulerKnobs(body.token_budget, body.max_chunk, body.generation)
-        if knobs != h.get():
-            try:
-                h.set(knobs)  # validates; a bad value raises and the last good knobs stay
-            except ValueError as e:
-                raise bad_request(f"{e}; keeping {answer(h.get())}", None) from None
+        try:
+            # the knobs file's own parser and validation: the same three fields, integers, nothing else
+            knobs = parse_knobs(await request.body()).validated()
+            changed = knobs != h.get()
+            if changed:
+                h.set(knobs)  # validates against the engine's limits; a bad value raises and the last good knobs stay
+        except ValueError as e:
+            raise bad_request(f"{e}; keeping {answer(h.get())}", None) from None
+        if changed:
             log.info("applied pushed knobs %s", knobs)
         # off the event loop: stopping the file watcher joins its thread (up to one poll), and this loop serves
         # the API's streams too

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chunkpilot.contract import engine_settings as defaults
+from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.engine.speculative import SpeculativeConfig
 
@@ -14,35 +15,38 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 @dataclass
 class EngineConfig:
     model: str
-    dtype: str = "auto"  # "auto": the checkpoint's dtype on GPU, float32 on CPU (CPU half-precision GEMMs are slow)
-    device: str = "auto"  # "auto": cuda if available, else cpu
+    # "auto": the checkpoint's dtype on GPU, float32 on CPU (CPU half-precision GEMMs are slow)
+    dtype: str = setting_default("dtype")
+    device: str = setting_default("device")  # "auto": cuda if available, else cpu
     token_budget: int = defaults.TOKEN_BUDGET
     max_chunk: int = defaults.MAX_CHUNK
     max_num_seqs: int = defaults.MAX_NUM_SEQS
-    max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
-    block_size: int = 16
+    # default: the model's max_position_embeddings, capped at 8192
+    max_model_len: int | None = setting_default("max_model_len")
+    block_size: int = setting_default("block_size")
     num_kv_blocks: int | None = None  # explicit pool size; else from kv_cache_memory
-    kv_cache_memory_gb: float | None = None  # CPU: bytes for the pool (default 1 GB)
-    gpu_memory_utilization: float = 0.85  # GPU: fraction of total memory for weights + pool
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    threads: int | None = None  # torch intra-op threads on CPU
-    attention_backend: str = "auto"  # auto | sdpa | varlen (see attention.py)
+    kv_cache_memory_gb: float | None = setting_default("kv_cache_memory_gb")  # CPU: bytes for the pool (default 1 GB)
+    # GPU: fraction of total memory for weights + pool
+    gpu_memory_utilization: float = setting_default("gpu_memory_utilization")
+    enable_prefix_caching: bool = setting_default("enable_prefix_caching")
+    seed: int = setting_default("seed")
+    threads: int | None = setting_default("threads")  # torch intra-op threads on CPU
+    attention_backend: str = setting_default("attention_backend")  # auto | sdpa | varlen (see attention.py)
     # Largest token budget the knobs file may set. None: what the device's memory allows (activation_memory.py),
     # at most max_num_seqs x max_model_len.
-    max_token_budget: int | None = None
+    max_token_budget: int | None = setting_default("max_token_budget")
     # Ranks (GPUs) one engine splits the model across; the engine starts ranks 1..N-1 itself (tp_worker.py).
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = setting_default("tensor_parallel_size")
     # Seconds a collective between ranks may take before the engine gives up on a hung rank and exits non-zero
     # (longer than the slowest step), and how long the ranks may take to load their weights and meet.
-    tensor_parallel_timeout: float = 120.0
+    tensor_parallel_timeout: float = setting_default("tensor_parallel_timeout")
     tensor_parallel_join_timeout: float = 1800.0
     # Weight-only quantization of the linear layers at load time (quantization.py): int8 | int4 (CPU) | fp8 (CUDA)
-    quantization: str | None = None
+    quantization: str | None = setting_default("quantization")
     # Speculative decoding (speculative.py): vLLM's --speculative-config, as JSON or parsed; None: off
-    speculative_config: SpeculativeConfig | str | dict | None = None
+    speculative_config: SpeculativeConfig | str | dict | None = setting_default("speculative_config")
     # Compile the forward of small steps (decodes) with torch.compile at start-up (compiled_forward.py); CPU only
-    compile: bool = False
+    compile: bool = setting_default("compile")
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculative_config, SpeculativeConfig):

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.engine.api_error import ApiError, bad_request, unavailable
 from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
 from chunkpilot.engine.auth import TENANT, ApiKeyMiddleware, parse_api_keys
@@ -41,28 +42,32 @@ log = logging.getLogger(__name__)
 @dataclass
 class ServerSettings:
     engine: EngineConfig
-    served_model_name: str | None = None
-    api_key: str | None = None  # one key, or several separated by commas (one per tenant; see auth.py)
-    knobs_file: str | None = None
-    knobs_poll_interval: float = 0.2
+    served_model_name: str | None = setting_default("served_model_name")
+    # one key, or several separated by commas (one per tenant; see auth.py)
+    api_key: str | None = setting_default("api_key")
+    knobs_file: str | None = setting_default("knobs_file")
+    knobs_poll_interval: float = setting_default("knobs_poll_interval")
     # The knobs admin endpoint (engine/admin.py): its own port, and the file holding its bearer token. Off when
     # either is None (local runs follow the knobs file alone).
-    admin_port: int | None = None
-    admin_token_file: str | None = None
-    max_waiting: int = 256
+    admin_port: int | None = setting_default("admin_port")
+    admin_token_file: str | None = setting_default("admin_token_file")
+    max_waiting: int = setting_default("max_waiting")
     retry_after_seconds: int = 1
-    grace_period: float = 30.0
+    grace_period: float = setting_default("grace_period")
     # None: 64 bytes per token of max_model_len, at least 1 MiB (a whole-context prompt as JSON token ids or
     # escaped text fits with room to spare)
-    max_request_bytes: int | None = None
-    stream_write_timeout: float = 30.0  # a stream whose client reads nothing for this long is aborted
-    stall_timeout: float = 120.0  # /health fails when the step loop has not come round for this long
-    prompt_tokens_details: bool = True  # `usage.prompt_tokens_details.cached_tokens` in responses
+    max_request_bytes: int | None = setting_default("max_request_bytes")
+    # a stream whose client reads nothing for this long is aborted
+    stream_write_timeout: float = setting_default("stream_write_timeout")
+    # /health fails when the step loop has not come round for this long
+    stall_timeout: float = setting_default("stall_timeout")
+    # `usage.prompt_tokens_details.cached_tokens` in responses
+    prompt_tokens_details: bool = setting_default("prompt_tokens_details")
     # In a pod: a model that fails to load ends the process (status 1) with the error as its last log line, so
     # the kubelet restarts it at once and reports it (the operator sets terminationMessagePolicy
     # FallbackToLogsOnError and shows it in the resource's conditions), instead of the start-up probe failing
     # for its whole timeout. Locally the server stays up and says why on /ready and /health.
-    exit_on_load_failure: bool = False
+    exit_on_load_failure: bool = setting_default("exit_on_load_failure")
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -225,37 +225,39 @@ def knobs_configmap(obj: InferenceDeployment) -> dict:
 def engine_env(obj: InferenceDeployment, model_path: str,
                settings: OperatorSettings = OperatorSettings()) -> list[dict]:
     spec = obj.spec
-    env = {
-        "CHUNKPILOT_MODEL": model_path,
-        "CHUNKPILOT_GRACE_PERIOD": str(ENGINE_GRACE_SECONDS),
-        "CHUNKPILOT_PORT": str(ENGINE_PORT),
-        "CHUNKPILOT_SERVED_MODEL_NAME": served_name(obj),
-        "CHUNKPILOT_KNOBS_FILE": f"{KNOBS_DIR}/{KNOBS_FILE}",
-        "CHUNKPILOT_ADMIN_PORT": str(ADMIN_PORT),
-        "CHUNKPILOT_ADMIN_TOKEN_FILE": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
+    values = {
+        "model": model_path,
+        "grace_period": str(ENGINE_GRACE_SECONDS),
+        "port": str(ENGINE_PORT),
+        "served_model_name": served_name(obj),
+        "knobs_file": f"{KNOBS_DIR}/{KNOBS_FILE}",
+        "admin_port": str(ADMIN_PORT),
+        "admin_token_file": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
         # Start-up knobs only: the mounted knobs file is applied before the first request, and the knobs must
         # stay out of the pod template so that changing them never restarts pods.
-        "CHUNKPILOT_TOKEN_BUDGET": str(max(defaults.TOKEN_BUDGET, spec.engine.max_num_seqs)),
-        "CHUNKPILOT_MAX_CHUNK": "512",
-        "CHUNKPILOT_MAX_NUM_SEQS": str(spec.engine.max_num_seqs),
-        "CHUNKPILOT_DTYPE": spec.model.dtype,
-        "CHUNKPILOT_DEVICE": "cuda" if spec.engine.resources.gpus > 0 else "cpu",
-        "CHUNKPILOT_GPU_MEMORY_UTILIZATION": str(spec.engine.gpu_memory_utilization),
-        "CHUNKPILOT_ENABLE_PREFIX_CACHING": "true" if spec.engine.prefix_caching else "false",
-        "CHUNKPILOT_TENSOR_PARALLEL_SIZE": str(spec.engine.effective_tensor_parallel_size),
+        "token_budget": str(max(defaults.TOKEN_BUDGET, spec.engine.max_num_seqs)),
+        "max_chunk": str(defaults.MAX_CHUNK),
+        "max_num_seqs": str(spec.engine.max_num_seqs),
+        "dtype": spec.model.dtype,
+        "device": "cuda" if spec.engine.resources.gpus > 0 else "cpu",
+        "gpu_memory_utilization": str(spec.engine.gpu_memory_utilization),
+        "enable_prefix_caching": "true" if spec.engine.prefix_caching else "false",
+        "tensor_parallel_size": str(spec.engine.effective_tensor_parallel_size),
         # a model that cannot load ends the container with its error as the termination message (pod_trouble.py)
-        "CHUNKPILOT_EXIT_ON_LOAD_FAILURE": "true",
+        "exit_on_load_failure": "true",
     }
     if spec.model.max_model_len:
-        env["CHUNKPILOT_MAX_MODEL_LEN"] = str(spec.model.max_model_len)
+        values["max_model_len"] = str(spec.model.max_model_len)
     if spec.model.quantization != "none":
-        env["CHUNKPILOT_QUANTIZATION"] = spec.model.quantization
+        values["quantization"] = spec.model.quantization
     if spec.engine.speculative is not None:
-        env["CHUNKPILOT_SPECULATIVE_CONFIG"] = spec.engine.speculative.engine_config(draft_model_source(obj)[0])
+        values["speculative_config"] = spec.engine.speculative.engine_config(draft_model_source(obj)[0])
+    # the env names come from the settings' one declaration (a KeyError here is a setting that does not exist)
+    env = {defaults.BY_NAME[name].env: value for name, value in values.items()}
     out = [{"name": k, "value": v} for k, v in env.items()]
     if settings.engine_api_key_secret:
         secret, _, key = settings.engine_api_key_secret.partition(":")
-        out.append({"name": "CHUNKPILOT_API_KEY",
+        out.append({"name": defaults.BY_NAME["api_key"].env,
                     "valueFrom": {"secretKeyRef": {"name": secret, "key": key or "api-key"}}})
     # The user's first: of two entries with one name the last wins, so the operator's would, even if validate()
     # had let a clash through.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from chunkpilot.api.types import KnobsStatus, PodKnobs
-from chunkpilot.contract.knobs import SchedulerKnobs, parse_knobs
+from chunkpilot.contract.knobs import ADMIN_PATH, SchedulerKnobs, dumps_knobs, parse_knobs
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def deliver(previous: KnobsStatus | None, desired: SchedulerKnobs, source: str, 
 
 
 class HttpPusher:
-    """PUT /admin/knobs with the bearer token to many pods at once; each answer is that pod's acknowledgement.
+    """PUT the knobs file's content to the admin path with the bearer token to many pods at once; each answer is that pod's acknowledgement.
 
     Each push has a deadline for the whole request (aiohttp's `total`, and asyncio's timeout around it) and a cap
     on the answer: a per-read socket timeout bounds nothing when a pod answers one byte every second, and one such
@@ -139,8 +139,7 @@ class HttpPusher:
 
     async def _push_all(self, pods: list[ReadyPod], knobs: SchedulerKnobs,
                         token: str) -> dict[str, SchedulerKnobs | PushError]:
-        body = json.dumps({"token_budget": knobs.token_budget, "max_chunk": knobs.max_chunk,
-                           "generation": knobs.generation})
+        body = dumps_knobs(knobs)
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
         limit = asyncio.Semaphore(self.concurrency)
         connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
@@ -162,7 +161,7 @@ class HttpPusher:
 
     async def _push(self, session: aiohttp.ClientSession, pod: ReadyPod, body: str,
                     headers: dict[str, str]) -> SchedulerKnobs:
-        async with session.put(f"http://{pod.ip}:{self.port}/admin/knobs", data=body, headers=headers,
+        async with session.put(f"http://{pod.ip}:{self.port}{ADMIN_PATH}", data=body, headers=headers,
                                allow_redirects=False) as r:
             data = bytearray()
             async for chunk in r.content.iter_any():

@@ -7,9 +7,10 @@ when the committed file differs).
   load code from the tenant's own volume (`PYTHONPYCACHEPREFIX` with an unchecked-hash .pyc, `OPENSSL_CONF`
   naming a provider .so, `NCCL_NET_PLUGIN`, `PYTHONWARNINGS` importing a category, `TORCHINDUCTOR_*` caches,
   even `HOME`); the names below only tune threads, logging and time zone. `CHUNKPILOT_*` are the operator's.
-* **extraArgs: the engine's own options, derived from its command.** An argument that starts with `-` must name an
-  option of `chunkpilot engine serve` (aliases such as `-tp` included) that the operator does not set; read from
-  the click command itself, so a new option or alias cannot slip past a second hand-kept list. Values go after
+* **extraArgs: the engine's own options, derived from its settings.** An argument that starts with `-` must name an
+  option of `chunkpilot engine serve` (aliases such as `-tp` included) that the operator does not set; both come
+  from the one declaration of the engine settings (chunkpilot.contract.engine_settings), which the CLI builds its
+  options from, so a new option or alias cannot slip past a second hand-kept list. Values go after
   `=` when they start with `-` (`--seed=-1`): a bare `-x` is always read as a flag.
 * Neither may hold `$(VAR)`: Kubernetes expands it in env values and args, and the operator's variables include
   the API key.
@@ -20,39 +21,27 @@ from __future__ import annotations
 import functools
 import json
 
-# Every engine setting the operator sets, as CHUNKPILOT_<NAME> env and as the matching option: an
+from chunkpilot.contract import engine_settings
+
+# Every engine setting the operator sets (as CHUNKPILOT_<NAME> env) is reserved as an option too: an
 # InferenceDeployment author must not turn off the platform's API key (`--api-key=`) or move the port the probes
 # and the Service use.
-OPERATOR_ENGINE_SETTINGS = (
-    "MODEL", "HOST", "PORT", "SERVED_MODEL_NAME", "KNOBS_FILE", "TOKEN_BUDGET", "MAX_CHUNK", "MAX_NUM_SEQS",
-    "DTYPE", "DEVICE", "GPU_MEMORY_UTILIZATION", "ENABLE_PREFIX_CACHING", "MAX_MODEL_LEN", "API_KEY",
-    "GRACE_PERIOD", "TENSOR_PARALLEL_SIZE", "ADMIN_PORT", "ADMIN_TOKEN_FILE", "EXIT_ON_LOAD_FAILURE",
-    "QUANTIZATION", "SPECULATIVE_CONFIG",
-)
+OPERATOR_ENGINE_SETTINGS = tuple(s.name.upper() for s in engine_settings.operator_settings())
 # Environment names a spec may set: threads, logging, time zone. Nothing here reads a path.
 ENV_ALLOWED = (
     "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
     "CUDA_LAUNCH_BLOCKING", "TORCH_CPP_LOG_LEVEL", "HF_HUB_OFFLINE",
 )
-OPERATOR_ENV_PREFIX = "CHUNKPILOT_"
+OPERATOR_ENV_PREFIX = engine_settings.ENV_PREFIX
 
 
 @functools.cache
 def engine_options() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(free, owned): every option string of `chunkpilot engine serve` (long names, aliases, --no- forms), split
-    by whether the operator sets that setting (its env var is CHUNKPILOT_<one of OPERATOR_ENGINE_SETTINGS>)."""
-    import typer.main
-
-    from chunkpilot.cli.engine import app
-
-    serve = typer.main.get_command(app).commands["serve"]
-    owned_env = {OPERATOR_ENV_PREFIX + s for s in OPERATOR_ENGINE_SETTINGS}
+    by whether the operator sets that setting."""
     free, owned = set(), set()
-    # typer vendors click: its params are not click.Option instances, so read the kind by name
-    for p in serve.params:
-        if p.param_type_name != "option":
-            continue
-        (owned if p.envvar in owned_env else free).update([*p.opts, *p.secondary_opts])
+    for s in engine_settings.SETTINGS:
+        (owned if s.operator else free).update(s.option_strings)
     return tuple(sorted(free)), tuple(sorted(owned))
 
 
