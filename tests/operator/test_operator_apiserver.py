@@ -389,9 +389,9 @@ def test_status_is_a_subresource_with_optimistic_concurrency(cluster):
 
 
 def test_a_deleted_token_secret_is_back_at_the_next_pass(cluster):
-    """The admin token's Secret (never read back: the operator has no right to read Secrets) used to be applied once
-    per process: deleted, it stayed gone until the operator restarted, and new engine pods hung in
-    ContainerCreating (FailedMount) meanwhile."""
+    """The admin token's Secret (never read back: the operator has no right to read Secrets) is applied at every
+    pass, not once per process: deleted, it would otherwise stay gone until the operator restarted, and new engine
+    pods would hang in ContainerCreating (FailedMount) meanwhile."""
     cp, k, op = cluster
     k.create(sample("lambda", NS))
     assert eventually(lambda: k.children_exist(NS, "lambda"))

@@ -50,7 +50,8 @@ def test_tuning_config_follows_the_spec_and_fingerprints_the_targets():
     {"slo": {}},
 ], ids=["bounds-below-seqs", "budget-below-seqs", "chunk-over-budget", "no-slo"])
 def test_the_tuner_holds_what_the_operator_refuses_with_the_same_message(change):
-    """One rule (chunkpilot.api.types.knob_refusal): the tuner used to clamp a budget bound the operator refused."""
+    """One rule (chunkpilot.api.types.knob_refusal): the tuner holds, not clamps, a budget bound the operator
+    refuses."""
     from chunkpilot.api import InferenceDeployment
     from chunkpilot.operator.builders import SpecError, validate
 

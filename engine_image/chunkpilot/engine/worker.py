@@ -44,8 +44,8 @@ def resolve_device(name: str, rank: int = 0, world: int = 1) -> torch.device:
             raise ValueError(f"tensor_parallel_size {world} needs {world} GPUs but torch sees "
                              f"{torch.cuda.device_count()}: request {world} GPUs for the pod or lower it")
         return torch.device("cuda", rank)
-    if name == "cuda":  # the first visible GPU: torch.cuda.set_device and mem_get_info want an index (found on
-        return torch.device("cuda", 0)  # the first run on a real GPU, where "cuda" alone failed every start)
+    if name == "cuda":  # the first visible GPU: torch.cuda.set_device and mem_get_info want an index ("cuda"
+        return torch.device("cuda", 0)  # alone fails every start on a real GPU)
     return torch.device(name)
 
 

@@ -121,11 +121,12 @@ def deliver(previous: KnobsStatus | None, desired: SchedulerKnobs, source: str, 
 
 
 class HttpPusher:
-    """PUT the knobs file's content to the admin path with the bearer token to many pods at once; each answer is that pod's acknowledgement.
+    """PUT the knobs file's content to the admin path, with the bearer token, to many pods at once; each answer is
+    that pod's acknowledgement.
 
     Each push has a deadline for the whole request (aiohttp's `total`, and asyncio's timeout around it) and a cap
     on the answer: a per-read socket timeout bounds nothing when a pod answers one byte every second, and one such
-    pod used to hold a worker of the operator for good."""
+    pod would hold a worker of the operator for good."""
 
     def __init__(self, port: int, deadline: float = PUSH_DEADLINE_SECONDS, concurrency: int = PUSH_CONCURRENCY,
                  max_answer: int = MAX_ANSWER_BYTES) -> None:
