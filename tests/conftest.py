@@ -8,22 +8,6 @@ import os
 import pytest
 
 
-def require_tool(name: str, how: str) -> str:
-    """The tool's path (PATH, then the cache's bin/ where scripts/go-tools.sh builds helm and kubeconform). In CI a
-    missing tool fails the test; locally it skips with how to get it."""
-    import shutil
-    from pathlib import Path
-
-    cache_bin = Path(os.environ.get("CHUNKPILOT_CACHE", Path.home() / ".cache" / "chunkpilot")) / "bin"
-    found = shutil.which(name) or shutil.which(name, path=str(cache_bin))
-    if found:
-        return found
-    message = f"{name} is not installed: {how}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="session")
 def smollm2_dir():
     from chunkpilot.engine.model_fetch import ModelFetchError, fetch
@@ -68,8 +52,7 @@ def control_plane(tmp_path_factory):
 @pytest.fixture(scope="session")
 def chart_accounts(control_plane, tmp_path_factory):
     """The chart's ServiceAccounts and RBAC (rendered by `helm template`, applied to the real API server) and a
-    kubeconfig for each, with a token from the TokenRequest API: {"operator": path, "tuner": path,
-    "finalizer-cleanup": path} (the last is the install/upgrade hook Job's)."""
+    kubeconfig for each, with a token from the TokenRequest API: {"operator": path, "tuner": path}."""
     return install_chart_accounts(control_plane, tmp_path_factory.mktemp("accounts"))
 
 
@@ -86,7 +69,7 @@ def install_chart_accounts(cluster, out) -> dict:
         if doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
             kubernetes.utils.create_from_dict(api, doc, namespace=CHART_NAMESPACE)
     return {c: cluster.service_account_kubeconfig(CHART_NAMESPACE, f"cp-chunkpilot-{c}", out / f"{c}.kubeconfig")
-            for c in ("operator", "tuner", "finalizer-cleanup")}
+            for c in ("operator", "tuner")}
 
 
 def install_crd(cluster) -> None:

@@ -354,16 +354,6 @@ def test_the_tuner_down_alert_is_there_only_when_something_scrapes_the_tuner():
     assert "ChunkpilotEngineDown" in alerts()
 
 
-def test_the_hook_gives_up_its_rights_on_failure_and_fails_within_its_deadline():
-    hooks = [o for o in docs(render()) if "helm.sh/hook" in (o["metadata"].get("annotations") or {})
-             and "post-install" in o["metadata"]["annotations"]["helm.sh/hook"]]
-    assert {o["kind"] for o in hooks} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
-    for o in hooks:  # `helm uninstall` never deletes hook objects: a failed one kept would stay for good
-        assert "hook-failed" in o["metadata"]["annotations"]["helm.sh/hook-delete-policy"], o["kind"]
-    (job,) = [o for o in hooks if o["kind"] == "Job"]
-    assert job["spec"]["activeDeadlineSeconds"] == 120
-
-
 def test_more_replicas_get_peering_objects_and_one_writer_of_the_study():
     objs = docs(render(None, "--set", "operator.replicas=2"))
     (peering,) = [o for o in objs if o["kind"] == "ClusterKopfPeering"]

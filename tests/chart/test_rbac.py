@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from ..conftest import service_account_user
-from ..operator.operator_proc import Cluster, drop_legacy_finalizers, operator, sample, tuner
+from ..operator.operator_proc import Cluster, operator, sample, tuner
 from ..waiting import eventually
 from .test_chart import docs, render
 
@@ -92,9 +92,6 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
         try:
             k.create(sample("a", ns))  # replicas 2: PDB; serviceMonitor: true; tuning auto
             k.create(sample("b", ns, model__source="pvc://models/smollm2"))  # reads the PVC (missing: Degraded)
-            legacy = sample("c", ns)  # the tuner's finalizer as earlier versions left it: the hook Job removes it
-            legacy["metadata"]["finalizers"] = ["tuner.chunkpilot.io/finalizer"]
-            k.create(legacy)
             # autoscaling auto below its minReplicas: the tuner lists HPAs, then scales through /scale
             k.create(sample("d", ns, replicas=1, autoscaling={"mode": "auto", "minReplicas": 2, "maxReplicas": 2}))
             sm = ("monitoring.coreos.com", "v1", ns, "servicemonitors", "a")
@@ -105,9 +102,6 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
                     return None
             assert eventually(lambda: monitor() is not None and k.children_exist(ns, "a")), op.log()
             assert eventually(lambda: k.cond(ns, "b", "Degraded").get("reason") == "MissingVolume")
-            assert k.get("inferencedeployments", ns, "c")["metadata"]["finalizers"]  # the tuner may not patch it
-            assert f"{ns}/c" in drop_legacy_finalizers(chart_accounts["finalizer-cleanup"])
-            assert not k.get("inferencedeployments", ns, "c")["metadata"].get("finalizers")
             assert eventually(lambda: k.get("inferencedeployments", ns, "d")["spec"]["replicas"] == 2, 60), tu.log()
             # Someone edits what the operator owns: the next pass puts it back (a patch of each kind).
             svc = k.get("services", ns, "a")["spec"]["ports"][0]
@@ -134,7 +128,7 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
             op.stop()
             tu.stop()
             k.delete_namespace(ns)  # the tuner puts no finalizer on anything
-    for component, proc in (("operator", op), ("tuner", tu), ("finalizer-cleanup", None)):
+    for component, proc in (("operator", op), ("tuner", tu)):
         granted = chart_rules(component)
         calls = used(control_plane.audit(service_account_user(component), mark))
         assert calls, proc.log() if proc else component

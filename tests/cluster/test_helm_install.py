@@ -169,27 +169,6 @@ def release_objects(a: Admin, release: str) -> list[str]:
     return sorted(found)
 
 
-def test_an_install_whose_image_cannot_be_pulled_fails_fast_and_leaves_no_hook_rights(admin):
-    """The hook Job runs the tuner image; when it cannot be pulled the release fails after the hook's deadline
-    (not Helm's 5 minutes), and the hook's ServiceAccount and ClusterRole (which may patch every
-    InferenceDeployment) are gone. `helm uninstall` then leaves only what the docs say it keeps."""
-    t0 = time.monotonic()
-    res = admin.helm("install", "broken", str(CHART), "-n", NS, "--create-namespace", "-f", str(admin.values),
-                     "--set", "image.tag=missing", "--set", "hooks.activeDeadlineSeconds=30", check=False)
-    took = time.monotonic() - t0
-    print(f"\nfailed install: {took:.0f} s: {res.stderr.strip()[-300:]}")
-    assert res.returncode != 0 and "DeadlineExceeded" in res.stderr + res.stdout, res.stderr
-    assert took < 120
-    status = json.loads(admin.helm("status", "broken", "-n", NS, "-o", "json").stdout)
-    assert status["info"]["status"] == "failed"
-    left = release_objects(admin, "broken")
-    assert not [o for o in left if "finalizer-cleanup" in o], left
-    admin.helm("uninstall", "broken", "-n", NS, "--wait")
-    left = release_objects(admin, "broken")
-    assert left == ["PersistentVolumeClaim/broken-chunkpilot-tuner-study"], left  # kept by design (docs/helm.md)
-    admin.k.core.delete_namespaced_persistent_volume_claim("broken-chunkpilot-tuner-study", NS)
-
-
 def test_helm_install_runs_operator_and_tuner_restricted_and_ready(admin):
     t0 = time.monotonic()
     admin.helm("install", RELEASE, str(CHART), "-n", NS, "--create-namespace", "-f", str(admin.values),
@@ -199,8 +178,6 @@ def test_helm_install_runs_operator_and_tuner_restricted_and_ready(admin):
     print(f"\nhelm install --wait: operator and tuner Ready in {TIMINGS['install_to_ready_s']:.1f} s")
     status = json.loads(admin.helm("status", RELEASE, "-n", NS, "-o", "json").stdout)
     assert status["info"]["status"] == "deployed"
-    # the hook Job succeeded and took its rights with it
-    assert not [o for o in release_objects(admin, RELEASE) if "finalizer-cleanup" in o]
     for component in ("operator", "tuner"):
         (pod,) = admin.component(component)
         assert admin.ready(pod), pod.status

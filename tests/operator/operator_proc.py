@@ -75,15 +75,6 @@ def tuner(kubeconfig: Path, workdir: Path, *args: str, prometheus_url: str = "ht
                              "--storage", f"sqlite:///{workdir / 'study.db'}", *args)
 
 
-def drop_legacy_finalizers(kubeconfig: Path) -> str:
-    """The chart's install/upgrade hook Job, as its ServiceAccount: `chunkpilot tuner drop-legacy-finalizers`."""
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig))
-    res = subprocess.run([sys.executable, "-m", "chunkpilot.cli.main", "tuner", "drop-legacy-finalizers"], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return res.stdout
-
-
 def sample(name: str, namespace: str = "default", **spec_overrides) -> dict:
     body = yaml.safe_load(SAMPLE.read_text())
     body["metadata"] = {"name": name, "namespace": namespace}

@@ -14,7 +14,7 @@ from chunkpilot.tuner.space import Knobs
 
 from ..conftest import service_account_user
 from ..engine.server_proc import wait_for
-from ..operator.operator_proc import Cluster, drop_legacy_finalizers, sample, tuner
+from ..operator.operator_proc import Cluster, sample, tuner
 from ..waiting import consistently
 
 CLUSTER = ClusterConfig(prometheus_url="http://127.0.0.1:1", storage=":memory:")
@@ -118,9 +118,6 @@ def test_tuner_process_holds_when_prometheus_is_unreachable(k, control_plane, ch
     ns = k.ns
     k.create(sample("tuned", ns))  # auto mode
     k.create(sample("plain", ns, tuning__mode="off"))
-    legacy = sample("legacy", ns)  # as kopf daemons of earlier versions left it: the chart's hook Job removes it
-    legacy["metadata"]["finalizers"] = ["tuner.chunkpilot.io/finalizer"]
-    k.create(legacy)
     k.patch("tuned", {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]}},
             ns, status=True)
     mark = control_plane.audit_mark()
@@ -135,10 +132,6 @@ def test_tuner_process_holds_when_prometheus_is_unreachable(k, control_plane, ch
         assert conds["Ready"]["status"] == "True"  # the operator's condition is left alone
         assert "scheduler" not in st  # blind: no knobs written
         assert not k.get("inferencedeployments", ns, "tuned")["metadata"].get("finalizers")
-        # the tuner never patches the resource (its role has status and scale only): the hook Job's account does
-        assert k.get("inferencedeployments", ns, "legacy")["metadata"]["finalizers"]
-        assert f"{ns}/legacy" in drop_legacy_finalizers(chart_accounts["finalizer-cleanup"])
-        assert not k.get("inferencedeployments", ns, "legacy")["metadata"].get("finalizers")
         assert "tuning" not in k.status(ns, "plain")
 
         def warnings():

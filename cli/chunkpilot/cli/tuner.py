@@ -116,23 +116,6 @@ def run(
     loop.run(stop.is_set)
 
 
-@app.command("drop-legacy-finalizers")
-def drop_legacy_finalizers(
-    namespace: list[str] = typer.Option([], "--namespace", envvar="CHUNKPILOT_WATCH_NAMESPACES",
-                                        help="Namespaces to clean (repeat); none: all namespaces."),
-) -> None:
-    """Remove the tuner.chunkpilot.io/finalizer that tuners of earlier versions left on InferenceDeployments (the
-    tuner may no longer patch them itself). The chart runs it once per install/upgrade, as a hook Job."""
-    from chunkpilot.kube.client import Kube, load_config
-    from chunkpilot.tuner.legacy_finalizers import LEGACY_FINALIZER, drop_legacy_finalizers as drop
-
-    load_config()
-    namespaces = [n for v in namespace for n in v.replace(",", " ").split()]
-    changed = drop(Kube(), namespaces)
-    typer.echo(f"removed {LEGACY_FINALIZER} from {len(changed)} InferenceDeployment(s)"
-               + (": " + ", ".join(changed) if changed else ""))
-
-
 @app.command("fit-cost")
 def fit_cost(
     model: Path = typer.Option(..., "--model", envvar="CHUNKPILOT_MODEL", help="Model folder to time the engine on."),

@@ -182,15 +182,6 @@ class Kube:
         return [i for ns in namespaces for i in self._json(api.list_namespaced_custom_object(
             GROUP, VERSION, ns, PLURAL, **self._raw))["items"]]
 
-    def remove_finalizer(self, namespace: str, name: str, finalizer: str, index: int) -> None:
-        """A JSON patch that tests the entry at `index` before removing it: a finalizer list someone changed
-        meanwhile is never overwritten (422 instead)."""
-        path = f"/metadata/finalizers/{index}"
-        self._api("CustomObjectsApi").patch_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, [{"op": "test", "path": path, "value": finalizer},
-                                                      {"op": "remove", "path": path}],
-            _content_type="application/json-patch+json", **self._raw)
-
     def read_inference_deployment(self, namespace: str, name: str) -> dict | None:
         return self.read(f"{GROUP}/{VERSION}", "InferenceDeployment", namespace, name)
 

@@ -12,10 +12,8 @@ running the same TunerLoop as local mode, with the custom resource as actuator a
 * A change of the SLOs, bounds or objective starts a new study (its name carries a fingerprint of them): trials
   measured against other targets say nothing about the new ones.
 * kopf's bookkeeping uses the prefix `tuner.chunkpilot.io`, apart from the operator's. The tuner puts no
-  finalizer on resources and never patches them (its role has only their status and scale subresources); the
-  `tuner.chunkpilot.io/finalizer` that kopf daemons of earlier versions left is removed by the chart's hook Job
-  (`chunkpilot tuner drop-legacy-finalizers`, legacy_finalizers.py), so deleting a resource never waits for the
-  tuner.
+  finalizer on resources and never patches them (its role has only their status and scale subresources), so
+  deleting a resource never waits for the tuner.
 """
 
 from __future__ import annotations
@@ -417,8 +415,7 @@ def build_registry() -> kopf.OperatorRegistry:
 
 def kopf_process(cluster: ClusterConfig) -> KopfProcess:
     # kopf would patch resources to take its finalizer off; the tuner's role has no patch on them (status and scale
-    # only), so its kopf uses a finalizer name no resource carries. The old one goes by the chart's hook Job
-    # (legacy_finalizers.py).
+    # only), so its kopf uses a finalizer name no resource carries.
     return KopfProcess(prefix=ANNOTATION_PREFIX, finalizer=f"{ANNOTATION_PREFIX}/never-set",
                        namespaces=cluster.namespaces, peering=cluster.peering,
                        liveness=cluster.liveness)
