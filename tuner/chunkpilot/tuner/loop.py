@@ -1,7 +1,8 @@
 """The tuning loop for one deployment, written against small interfaces (chunkpilot.tuner.interfaces) so that the
 same code runs against Prometheus and the cluster, Prometheus and a knobs file, or the simulator's virtual clock.
 What to do next is decided by chunkpilot.tuner.policy's pure functions over the loop's memory (`memory()`, all of
-it rebuilt from the study after a restart); this module carries the actions out.
+it rebuilt from the study after a restart), and which knobs a trial tries by chunkpilot.tuner.choice.choose; this
+module carries the actions out.
 
 One `iterate()` is one unit of work:
 * Exploring: ask Optuna → apply → wait until every pod reports the generation → skip the warm-up → measure a
