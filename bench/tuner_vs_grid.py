@@ -69,15 +69,16 @@ def tune_run(args) -> dict:
     settings = TunerSettings(window=window, warmup=10, max_trials=trials, min_requests=15, guidance=guidance)
     r = tune(Scenario(rate=case.rate, seed=case.seed, contention=contention), COSTS[cost](), _slo(case), SPACE, settings,
              iterations=trials, start=START, seed=seed)
-    windows = [h for h in r.trials if h["kind"] in ("complete", "cut", "thin")]
+    windows = [h for h in r.trials if h.kind.trial]
 
     def over(h, factor=1.0):
-        return any(v is not None and v > factor * t for v, t in ((h.get("itl"), case.itl), (h.get("ttft"), TTFT_SLO)))
+        return any(v is not None and v > factor * t for v, t in ((h.window.itl, case.itl), (h.window.ttft, TTFT_SLO)))
     return {"seed": seed, "best_after": [[k.token_budget, k.max_chunk] if k else None for k in r.best_after],
             "windows": len(windows), "over_slo": sum(over(h) for h in windows),
             "over_2x": sum(over(h, 2.0) for h in windows),
-            "tried": [[h["token_budget"], h["max_chunk"], h["kind"], h.get("itl"), h.get("ttft"),
-                       h.get("predicted_itl"), h.get("predicted_ttft")] for h in r.trials]}
+            "tried": [[h.knobs.token_budget, h.knobs.max_chunk, h.kind.value, h.window.itl, h.window.ttft,
+                       h.forecast.itl if h.forecast else None, h.forecast.ttft if h.forecast else None]
+                      for h in r.trials]}
 
 
 def summarize(runs: list[dict], grid: dict, best: float, fixed: float) -> dict:

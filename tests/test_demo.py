@@ -125,6 +125,9 @@ def test_live_view_renders_latencies_against_the_slos(tmp_path):
 
     from chunkpilot.demo import view
     from chunkpilot.demo.run import DemoConfig, DemoRun
+    from chunkpilot.tuner.history import Forecast, HistoryEntry, WindowKind
+    from chunkpilot.tuner.measurement import Window
+    from chunkpilot.tuner.space import Knobs
     from chunkpilot.tuner.state import TunerState
 
     run = DemoRun(DemoConfig(model="m", out=tmp_path))
@@ -140,13 +143,19 @@ def test_live_view_renders_latencies_against_the_slos(tmp_path):
 def test_report_labels_the_time_axis_and_shows_predicted_itl_and_ttft(tmp_path):
     from chunkpilot.demo import report
     from chunkpilot.demo.run import DemoConfig, DemoRun
+    from chunkpilot.tuner.history import Forecast, HistoryEntry, WindowKind
+    from chunkpilot.tuner.measurement import Window
+    from chunkpilot.tuner.space import Knobs
     from chunkpilot.tuner.state import TunerState
 
     run = DemoRun(DemoConfig(model="m", out=tmp_path))
+    def window(itl, ttft=None):
+        return Window(seconds=60, requests=100, request_rate=2.0, output_tokens_per_s=50, goodput=1.0, ttft=ttft,
+                      itl=itl)
     state = TunerState(mode="auto", history=[
-        {"token_budget": 64, "max_chunk": 64, "itl": 0.2, "ttft": 3.0, "feasible": True, "predicted_itl": 0.25,
-         "predicted_ttft": 4.0},
-        {"token_budget": 2048, "max_chunk": 1024, "itl": 1.5, "feasible": False}])
+        HistoryEntry(0, WindowKind.COMPLETE, Knobs(64, 64), True, window(0.2, 3.0),
+                     Forecast(itl=0.25, ttft=4.0, utilization=0.5, capacity=1000, model_error=0.1)),
+        HistoryEntry(0, WindowKind.COMPLETE, Knobs(2048, 1024), False, window(1.5))])
     run.tuner = type("T", (), {"state": state})()
     pts = [(0.0, 0.5), (30.0, 0.4), (60.0, 0.3)]
     data = {g: {"ttft_p99": pts, "itl_p99": pts, "token_budget": [(0.0, 64.0)], "max_chunk": [(0.0, 64.0)]}

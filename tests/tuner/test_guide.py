@@ -8,6 +8,7 @@ import pytest
 from optuna.trial import TrialState
 
 from chunkpilot.tuner import guide
+from chunkpilot.tuner.choice import TrialKind
 from chunkpilot.tuner.daemon import StatusPublisher
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
@@ -158,28 +159,25 @@ def test_guided_first_trial_is_the_predicted_best_and_nothing_predicted_unsafe_i
         allowed = {c.knobs for c in guide.screen(context, SPACE.all_knobs(), SLO, loop._observations(), stress)
                    if c.safe and c.knobs not in before} | {k for k, ok in before.items() if ok}
         loop.iterate()
-        tried = loop.state.history[-1]
-        assert Knobs(tried["token_budget"], tried["max_chunk"]) in allowed | {first.knobs}
-    trials = study.study.get_trials(deepcopy=False)
+        assert loop.state.history[-1].knobs in allowed | {first.knobs}
+    trials = study.records(None)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert complete[0].user_attrs["kind"] == "predicted"
-    assert (complete[0].user_attrs["token_budget"], complete[0].user_attrs["max_chunk"]) == \
-        (first.knobs.token_budget, first.knobs.max_chunk)
+    assert complete[0].kind == TrialKind.PREDICTED and complete[0].knobs == first.knobs
     # every rejected ask is pruned with a violated constraint: constrained TPE counts it infeasible
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
-    assert all(t.user_attrs.get("rejected") and max(t.user_attrs["constraints"]) > 0 for t in pruned)
+    assert all(t.rejected and max(t.constraints) > 0 for t in pruned)
     assert loop.state.feasible is True and loop.state.replicas_needed is None
     # every window is over neither SLO (the scenario is feasible; the guide tries only what it predicts keeps them)
-    assert all(h["itl"] <= 0.25 and h["ttft"] <= 20 for h in loop.state.history)
+    assert all(h.window.itl <= 0.25 and h.window.ttft <= 20 for h in loop.state.history)
 
 
 def test_blackbox_mode_asks_optuna_alone():
     loop, study, _ = _loop(0.9, guidance="blackbox")
     for _ in range(3):
         loop.iterate()
-    trials = study.study.get_trials(deepcopy=False)
+    trials = study.records(None)
     assert not any(t.state == TrialState.PRUNED for t in trials)
-    assert not any(t.user_attrs.get("kind") == "predicted" for t in trials)
+    assert not any(t.kind == TrialKind.PREDICTED for t in trials)
     assert loop.state.feasible is None
     with pytest.raises(ValueError, match="guidance"):
         TunerLoop(TunerSettings(guidance="magic"), SPACE, study, None, None, None, SLO)
@@ -213,9 +211,7 @@ def test_no_feasible_knobs_says_so_with_the_replicas_needed_and_applies_the_clos
     assert state.feasible is False and state.replicas_needed and state.replicas_needed >= 2
     assert state.reason.startswith("NoFeasibleKnobs:") and f"about {state.replicas_needed} replicas" in state.reason
     # the closest knobs, not an exploration: every trial was the least-pressure knobs of its moment
-    kinds = [t.user_attrs.get("kind") for t in study.study.get_trials(deepcopy=False)
-             if t.state == TrialState.COMPLETE]
-    assert kinds == ["closest"] * 3
+    assert [t.kind for t in study.records()] == [TrialKind.CLOSEST] * 3
     tuning = dump(status_tuning(state, SLO, "goodput"))
     assert tuning["feasible"] is False and tuning["replicasNeeded"] == state.replicas_needed
     tuning_condition = next(c for c in conditions(state, SLO) if c.type == "Tuning")
@@ -277,15 +273,13 @@ def test_the_loop_measures_the_separating_knobs_before_the_predicted_best():
     expected, terms = guide.separating(stressed, safe, SLO)
     assert terms == ["kv_kilotokens"] and expected != safe[0].knobs
     loop.iterate()
-    first = [t for t in study.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE][0]
-    assert first.user_attrs["kind"] == "identify"
-    assert (first.user_attrs["token_budget"], first.user_attrs["max_chunk"]) == (expected.token_budget,
-                                                                                 expected.max_chunk)
+    first = study.records()[0]
+    assert first.kind == TrialKind.IDENTIFY and first.knobs == expected
     # then the predicted best, as an epoch starts: the identification goes before it, not in its place (the
     # simulated load can drift from the built one and open a new epoch, which identifies once more first)
     for _ in range(2):
         loop.iterate()
-    kinds = [t.user_attrs["kind"] for t in study.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    kinds = [t.kind for t in study.records()]
     assert "predicted" in kinds and kinds[:kinds.index("predicted")] == ["identify"] * kinds.index("predicted")
 
 
@@ -295,7 +289,7 @@ def test_measured_knobs_do_not_lock_out_those_safe_at_the_load_now():
     at the load now are tried next (the contention benchmark's miss: the tuner held its first pick for the hour)."""
     loop, study, sim = _loop(0.8, trials=6)
     loop.iterate()
-    first = Knobs(loop.state.history[-1]["token_budget"], loop.state.history[-1]["max_chunk"])
+    first = loop.state.history[-1].knobs
     assert [m.feasible for m in study.measured()] == [True]
     now = loop._context(loop.s.window)
     loop.measurer.context = lambda seconds: now  # the ask below sees this context, as the iteration would

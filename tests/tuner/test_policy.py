@@ -4,8 +4,10 @@ just measured."""
 from __future__ import annotations
 
 from chunkpilot.tuner import policy
+from chunkpilot.tuner.history import HistoryEntry, WindowKind
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets, Window
 from chunkpilot.tuner.policy import Advise, Exploit, Explore, Keep, Memory, Outcome, Reopen, Settle
+from chunkpilot.tuner.space import Knobs
 
 SLO = SLOTargets(ttft=LatencyTarget(0.99, 2.0), itl=LatencyTarget(0.99, 0.1))
 BASE = Memory(mode="auto", settled=True, explored=3, max_trials=10, since_incumbent=2, incumbent_every=5,
@@ -52,7 +54,7 @@ def test_exploiting_reopens_on_a_sustained_breach_or_a_load_shift():
 
 def test_the_breach_count_comes_back_from_the_recorded_windows():
     def entry(kind, itl=0.3, requests=100, epoch=1):
-        return {"epoch": epoch, "kind": kind, **win(itl=itl, requests=requests).to_dict()}
+        return HistoryEntry(epoch, WindowKind(kind), Knobs(128, 64), True, win(itl=itl, requests=requests))
     history = [entry("complete"), entry("exploit", itl=0.05), entry("exploit"), entry("exploit", requests=3),
                entry("exploit")]
     assert policy.trailing_breaches(history, 1, SLO, 20) == 2  # the thin window neither counts nor breaks the run

@@ -112,9 +112,9 @@ def test_every_tuning_window_records_predicted_next_to_measured():
     result = tune(Scenario(rate=0.9, mix="mixed", seed=1), COST, SLO, space,
                   TunerSettings(window=60, warmup=5, max_trials=4, min_requests=5), iterations=4,
                   start=Knobs(256, 128))
-    complete = [h for h in result.trials if h["kind"] == "complete" and h.get("itl")]
-    assert complete and all(h["predicted_itl"] > 0 and 0 < h["predicted_utilization"] for h in complete)
-    ratios = [h["predicted_itl"] / h["itl"] for h in complete]
+    complete = [h for h in result.trials if h.kind == "complete" and h.window.itl]
+    assert complete and all(h.forecast.itl > 0 and 0 < h.forecast.utilization for h in complete)
+    ratios = [h.forecast.itl / h.window.itl for h in complete]
     print(f"\npredicted / simulated ITL p99 over {len(ratios)} tuning windows: {sorted(round(r, 2) for r in ratios)}")
     assert 0.5 < float(np.median(ratios)) < 2.0, ratios
 

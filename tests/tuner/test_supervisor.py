@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import threading
 
+from chunkpilot.tuner.retry import Backoff
 from chunkpilot.tuner.supervisor import Supervisor
 
 from ..engine.server_proc import wait_for
+
+
+def fake_sources(**given):
+    """What tune_one builds a loop from, without Prometheus or kopf: no measurer (the fake loops measure
+    nothing), Events dropped, short pauses; `given` replaces any of them."""
+    from chunkpilot.tuner import daemon
+
+    return daemon.Sources(**{"measurer": lambda selector, slo, sleep: None, "events": lambda raw: lambda *event: None,
+                             "backoff": lambda: Backoff(0.01, daemon.ERROR_BACKOFF_MAX), **given})
 
 
 def obj(name: str, mode: str = "auto", deleting: bool = False, uid: str | None = None) -> dict:
@@ -68,7 +78,7 @@ def test_threads_follow_the_resources():
     assert not s.running() and not inside()
 
 
-def test_a_failed_iteration_keeps_the_loop_and_its_scaling_history(monkeypatch):
+def test_a_failed_iteration_keeps_the_loop_and_its_scaling_history():
     """Review: any exception in a tuning thread (a 404 from scale after a deletion, an API 5xx) escaped tune_one,
     and the supervisor built a new loop, losing the scale-down stabilization history. Now the same loop goes on
     after a pause, and the history is kept per resource uid, across rebuilds too."""
@@ -104,20 +114,19 @@ def test_a_failed_iteration_keeps_the_loop_and_its_scaling_history(monkeypatch):
         def read_inference_deployment(self, namespace, name):
             return raw
 
-    monkeypatch.setattr(daemon, "build_loop", build_loop)
-    monkeypatch.setattr(daemon, "ERROR_BACKOFF_INITIAL", 0.01)
     memo = kopf.Memo(kube=Kube(), cluster=daemon.ClusterConfig(prometheus_url="http://x", storage=":memory:"),
                      metrics=None)
-    daemon.tune_one("team", "llm", "u-1", memo, stopped)
+    sources = fake_sources(build_loop=build_loop)
+    daemon.tune_one("team", "llm", "u-1", memo, stopped, sources)
     assert len(built) == 1 and len(iterations) == 3  # one loop, through both failures
     built[0].append((0.0, 3))  # a recommendation the autoscaler made
     stopped.clear()
     iterations.clear()
-    daemon.tune_one("team", "llm", "u-1", memo, stopped)  # the thread restarted (or the spec changed)
+    daemon.tune_one("team", "llm", "u-1", memo, stopped, sources)  # the thread restarted (or the spec changed)
     assert built[1] is built[0] and built[1] == [(0.0, 3)]
 
 
-def test_tune_one_retries_a_failed_read_itself_with_the_loops_backoff(monkeypatch):
+def test_tune_one_retries_a_failed_read_itself_with_the_loops_backoff():
     """The one retry layer: reading the resource used to sit outside tune_one's retry, so an API server outage
     escaped to the supervisor's second layer, which built a new loop. Now the read fails inside the same retry,
     the loop is built once and gets the same Backoff, and the pauses double across the failures."""
@@ -131,7 +140,7 @@ def test_tune_one_retries_a_failed_read_itself_with_the_loops_backoff(monkeypatc
     raw = sample("llm", "team")
     raw["metadata"]["uid"] = "u-1"
     stopped = threading.Event()
-    built, reads, pauses = [], [], []
+    built, reads, events = [], [], []
 
     class Loop:
         class study:
@@ -151,18 +160,16 @@ def test_tune_one_retries_a_failed_read_itself_with_the_loops_backoff(monkeypatc
                 raise ApiException(status=503, reason="Service Unavailable")
             return raw
 
-    monkeypatch.setattr(daemon, "build_loop", build_loop)
-    monkeypatch.setattr(daemon, "ERROR_BACKOFF_INITIAL", 0.01)
-    monkeypatch.setattr(daemon, "report_failure", lambda writer, raw, reason, message: pauses.append(message))
     memo = kopf.Memo(kube=Kube(), cluster=daemon.ClusterConfig(prometheus_url="http://x", storage=":memory:"),
                      metrics=None)
-    daemon.tune_one("team", "llm", "u-1", memo, stopped)  # returns: nothing escaped
+    sources = fake_sources(build_loop=build_loop, events=lambda raw: lambda *event: events.append(event))
+    daemon.tune_one("team", "llm", "u-1", memo, stopped, sources)  # returns: nothing escaped
     assert len(reads) == 4 and len(built) == 1
     assert built[0] is not None and built[0].upcoming == 0.08  # the failed reads' doubling, handed to the loop
-    assert pauses == []  # nothing to attach the Event to before the first read: the log says it
+    assert events == []  # nothing to attach the Event to before the first read: the log says it
 
 
-def test_a_holding_loop_keeps_doubling_under_tune_one(monkeypatch):
+def test_a_holding_loop_keeps_doubling_under_tune_one():
     """The loop holds (Prometheus down) by pausing with the shared Backoff and returning normally; tune_one must
     not take that return for a good iteration and reset the pause (the scale bench saw 200 holding threads
     polling every 2 s instead of backing off to 60 s)."""
@@ -190,8 +197,10 @@ def test_a_holding_loop_keeps_doubling_under_tune_one(monkeypatch):
                 stopped.set()
             return "hold"
 
-    monkeypatch.setattr(daemon, "build_loop", lambda *a, backoff=None, **kw: Loop(backoff))
     memo = kopf.Memo(kube=type("K", (), {"read_inference_deployment": lambda self, ns, n: raw})(),
                      cluster=daemon.ClusterConfig(prometheus_url="http://x", storage=":memory:"), metrics=None)
-    daemon.tune_one("team", "llm", "u-1", memo, stopped)
+    # the production pauses (2 s doubling): what the scale bench must see
+    sources = fake_sources(build_loop=lambda *a, backoff=None, **kw: Loop(backoff),
+                           backoff=daemon.Sources.of(memo.cluster).backoff)
+    daemon.tune_one("team", "llm", "u-1", memo, stopped, sources)
     assert pauses == [2.0, 4.0, 8.0, 16.0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from chunkpilot.tuner.choice import TrialKind
 from chunkpilot.tuner.interfaces import MeasurementUnavailable
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import (LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, LatencyTarget, SLOTargets,
@@ -130,13 +131,13 @@ def test_capacity_is_judged_against_the_epochs_load_not_a_quiet_window():
     quiet = Window(**{**base.to_dict(), "request_rate": 0.5, "goodput": 0.5, "requests": 30, "prefill_capacity": 400})
     busy = Window(**{**base.to_dict(), "prefill_capacity": 2000, "goodput": 1.9})
     small, large = Knobs(32, 32), Knobs(128, 128)
-    study.enqueue(small, "t")
+    study.enqueue(small, TrialKind.PREDICTED)
     trial, knobs = study.ask()
     assert knobs == small
     study.tell(trial, quiet)  # 250 prompt tokens/s against 400: fine for that minute
     assert study.best().knobs == small and study.best().feasible
     for _ in range(2):
-        study.enqueue(large, "t")
+        study.enqueue(large, TrialKind.PREDICTED)
         trial, _ = study.ask()
         study.tell(trial, busy)  # the deployment's usual 1000 prompt tokens/s
     # the epoch's load is (250 + 1000 + 1000) / 3 = 750 tokens/s, far beyond 0.8 x 400: the small knobs are out
@@ -157,16 +158,17 @@ def test_status_judges_a_quiet_window_against_the_epochs_load():
     fake = Loaded(start=Knobs(128, 128))
     loop, study = make(fake)
     for _ in range(3):
-        study.enqueue(Knobs(128, 128), "t")  # knobs within the latency SLOs: only the headroom is in question
+        # knobs within the latency SLOs: only the headroom is in question
+        study.enqueue(Knobs(128, 128), TrialKind.PREDICTED)
         loop.iterate()
-        assert loop.state.current_feasible is False and loop.state.history[-1]["feasible"] is False
+        assert loop.state.current_feasible is False and loop.state.history[-1].feasible is False
     fake.rate = 0.5
-    study.enqueue(Knobs(128, 128), "t")
+    study.enqueue(Knobs(128, 128), TrialKind.PREDICTED)
     loop.iterate()
     quiet = loop.state.current_window
     assert feasible(quiet, SLO)  # against its own demand
     assert study.reference_demand() == pytest.approx(812.5)
-    assert loop.state.current_feasible is False and loop.state.history[-1]["feasible"] is False
+    assert loop.state.current_feasible is False and loop.state.history[-1].feasible is False
     assert status_tuning(loop.state, SLO, "goodput").current.feasible is False
     assert next(c for c in conditions(loop.state, SLO) if c.type == "SLOMet").status == "True"
 
@@ -178,14 +180,13 @@ def test_trials_told_by_an_older_tuner_are_scored_as_this_one_scores():
     old = window(Knobs(128, 128)).to_dict()
     old.update(requests=150, goodput=2.5)
     del old["prefill_capacity"]
-    study.enqueue(Knobs(128, 128), "t")
+    study.enqueue(Knobs(128, 128), TrialKind.PREDICTED)
     trial, _ = study.ask()
+    # written as an older tuner wrote them, not through this version's tell
     trial.set_user_attr("window", old)
-    trial.set_user_attr("token_budget", 128)
-    trial.set_user_attr("max_chunk", 128)
     trial.set_user_attr("constraints", [-0.5, -0.16, -0.1])
     study.study.tell(trial, 1.25)
-    study.enqueue(Knobs(64, 64), "t")
+    study.enqueue(Knobs(64, 64), TrialKind.PREDICTED)
     trial, _ = study.ask()
     study.tell(trial, Window(**{**window(Knobs(64, 64)).to_dict(), "prefill_capacity": 5000}))
     by_knobs = {m.knobs: m for m in study.measured()}
@@ -211,12 +212,12 @@ def test_it_finds_the_feasible_region_and_then_holds_it():
 def test_wide_breach_cuts_the_trial_and_restores_the_best_at_once():
     fake = Fake(start=Knobs(128, 128))
     loop, study = make(fake)
-    study.enqueue(Knobs(128, 128), "seed")
+    study.enqueue(Knobs(128, 128), TrialKind.PREDICTED)
     loop.iterate()  # the good knobs: becomes the best
-    study.enqueue(Knobs(2048, 2048), "bad")
+    study.enqueue(Knobs(2048, 2048), TrialKind.PREDICTED)
     assert loop.iterate() == "cut"
     assert fake.applied_log[-2:] == [Knobs(2048, 2048), Knobs(128, 128)]
-    assert study.completed()[-1].user_attrs["cut_short"] is True
+    assert study.records()[-1].cut_short is True
 
 
 def test_a_slow_rollout_of_the_restored_knobs_after_a_cut_does_not_crash_the_loop():
@@ -230,19 +231,19 @@ def test_a_slow_rollout_of_the_restored_knobs_after_a_cut_does_not_crash_the_loo
 
     fake = SlowRestore(start=Knobs(128, 128))
     loop, study = make(fake, apply_timeout=3, poll=1)
-    study.enqueue(Knobs(128, 128), "seed")
+    study.enqueue(Knobs(128, 128), TrialKind.PREDICTED)
     loop.iterate()  # the good knobs: becomes the best
     fake.hang = True
-    study.enqueue(Knobs(2048, 2048), "bad")
+    study.enqueue(Knobs(2048, 2048), TrialKind.PREDICTED)
     assert loop.iterate() == "cut"
     assert "restoring the best knobs" in loop.state.reason and "did not report" in loop.state.reason
-    assert study.completed()[-1].user_attrs["cut_short"] is True
+    assert study.records()[-1].cut_short is True
 
 
 def test_a_thin_window_is_not_a_trial():
     fake = Fake(requests=5)
     loop, study = make(fake)
-    study.enqueue(Knobs(128, 128), "seed")  # knobs within the SLOs: the probe does not cut them short
+    study.enqueue(Knobs(128, 128), TrialKind.PREDICTED)  # knobs within the SLOs: the probe does not cut them short
     assert loop.iterate() == "thin"
     assert study.completed() == [] and study.study.trials[-1].state.name == "FAIL"
 
@@ -282,7 +283,7 @@ def test_load_shift_after_exploring_opens_a_new_epoch_seeded_with_the_incumbent(
     assert loop.iterate() == "reopen"
     assert study.epoch == 1 and loop.iterate() == "trial"
     assert fake.knobs == incumbent  # the new epoch starts by re-measuring the incumbent
-    assert study.completed()[0].user_attrs["kind"] == "incumbent"
+    assert study.records()[0].kind == TrialKind.INCUMBENT
 
 
 def test_advisory_mode_changes_nothing_and_recommends():
@@ -343,7 +344,7 @@ def test_one_lucky_window_is_not_a_feasible_setting_where_most_windows_breach():
     lucky = Window(**{**base.to_dict(), "itl": 0.085, "goodput": 1.5})
 
     def tell(knobs, w):
-        study.enqueue(knobs, "t")
+        study.enqueue(knobs, TrialKind.PREDICTED)
         trial, _ = study.ask()
         study.tell(trial, w)
     for _ in range(3):
@@ -356,7 +357,7 @@ def test_one_lucky_window_is_not_a_feasible_setting_where_most_windows_breach():
     assert by_knobs[Knobs(96, 64)].feasible and study.best().knobs == Knobs(96, 64)
 
     calm = TunerStudy(":memory:", "ns/demo", SPACE, SLO, "goodput", seed=0)
-    calm.enqueue(Knobs(96, 64), "t")
+    calm.enqueue(Knobs(96, 64), TrialKind.PREDICTED)
     trial, _ = calm.ask()
     calm.tell(trial, lucky)
     assert calm.best().feasible  # nothing typical to doubt it against
@@ -373,7 +374,7 @@ def test_with_nothing_feasible_the_users_slos_rank_before_the_prefill_headroom()
     busy = Window(**{**base.to_dict(), "itl": 0.08, "goodput": 1.6, "prefill_capacity": 1000.0})  # headroom +0.25
     slow = Window(**{**base.to_dict(), "itl": 0.1044, "goodput": 1.9, "prefill_capacity": 2000.0})  # ITL +0.16
     for knobs, w in ((Knobs(64, 64), busy), (Knobs(96, 64), slow)) * 2:
-        study.enqueue(knobs, "t")
+        study.enqueue(knobs, TrialKind.PREDICTED)
         trial, _ = study.ask()
         study.tell(trial, w)
     by_knobs = {m.knobs: m for m in study.measured()}
@@ -415,18 +416,17 @@ def test_a_tuner_killed_mid_trial_resumes_with_the_same_memory_and_the_same_next
         for _ in range(6):
             loop.iterate()
     killed_at = first.applied_log[-1]
-    before = [dict(h) for h in loop.state.history]
+    before = list(loop.state.history)
 
     again = Fake(start=first.knobs)  # the pods keep the knobs they ran; a new tuner process starts
     loop2, study2 = make(again, storage=url)
     assert study2.closed_stale == 1
-    assert [(h["kind"], h["token_budget"], h["max_chunk"]) for h in loop2.state.history] == \
-        [(h["kind"], h["token_budget"], h["max_chunk"]) for h in before]
+    assert [(h.kind, h.knobs) for h in loop2.state.history] == [(h.kind, h.knobs) for h in before]
     assert loop2.memory() == memories[3]  # what the fourth decision depends on, rebuilt from the study
     assert loop2.iterate() == twin_outcomes[3]
     # it measures the killed trial's knobs (already running: nothing to apply), the decision the twin made there
     assert again.applied_log in ([], [killed_at])
-    assert loop2.state.history[-1]["token_budget"] == killed_at.token_budget
+    assert loop2.state.history[-1].knobs.token_budget == killed_at.token_budget
     assert killed_at == twin.applied_log[len(first.applied_log) - 1]
     # and every decision after it is the twin's: the sampler's draws come from the stored trials, not from a random
     # state that died with the process
@@ -437,7 +437,7 @@ def test_a_tuner_killed_mid_trial_resumes_with_the_same_memory_and_the_same_next
     assert n >= len(first.applied_log) + 3 and resumed[:n] == twin.applied_log[:n]
     # the killed trial counted once (measured again, the stale one closed as failed): the same trials as the twin's
     def told(study):
-        return [(t.user_attrs["token_budget"], t.user_attrs["max_chunk"]) for t in study.completed()]
+        return [t.knobs for t in study.records()]
     assert told(study2) == told(twin_study)
 
 
@@ -447,5 +447,5 @@ def test_after_a_failed_trial_the_next_ask_is_a_new_draw():
     fake = Fake(requests=2)  # every window thin (and too thin for the probe to cut)
     loop, study = make(fake)
     assert [loop.iterate() for _ in range(3)] == ["thin"] * 3
-    asked = [(t.user_attrs["token_budget"], t.user_attrs["max_chunk"]) for t in study.study.trials]
+    asked = [t.knobs for t in study.records(None)]
     assert len(set(asked)) == 3, asked

@@ -103,16 +103,16 @@ def test_local_tuner_with_real_engines_and_prometheus(engines, tmp_path):
             outcomes.append(loop.iterate())
         completed = loop.study.completed()
         assert len(completed) >= 2, (outcomes, loop.state.reason)
-        assert any("allowed" in h for h in loop.state.history), loop.state.history  # the guide judged the space
+        assert any(h.screening for h in loop.state.history), loop.state.history  # the guide judged the space
         # Knobs changed, and both engines report (and Prometheus saw) the generation that carries them.
         gen = parse_knobs(knobs_file.read_bytes()).generation
         assert gen >= 1
         assert all(s.metrics()["chunkpilot:scheduler_generation"] == gen for s in servers)
         assert sorted(loop.measurer.source.generations()) == [gen, gen]
-        window = completed[-1].user_attrs["window"]
+        window = loop.study.records()[-1].window
         assert window["requests"] > 0 and window["ttft"] > 0 and window["itl"] > 0 and window["request_rate"] > 0
         # the engines' prefill counters reach the tuner: prompt tokens/s while prompt work was pending, both pods
-        assert window["prefill_capacity"] > 0 and len(completed[-1].user_attrs["constraints"]) == 4
+        assert window["prefill_capacity"] > 0 and len(loop.study.records()[-1].constraints) == 4
         status = json.loads((tmp_path / "status.json").read_text())
         assert status["tuning"]["phase"] == "Exploring" and status["tuning"]["trial"] == len(completed)
         # every window carries the step-time model's prediction for its knobs at its load (from Prometheus alone)

@@ -23,6 +23,7 @@ import pytest
 from chunkpilot.api.types import InferenceDeployment, KnobsStatus, PodKnobs, desired_knobs
 from chunkpilot.kube.client import Kube
 from chunkpilot.tuner import daemon
+from chunkpilot.tuner.retry import Backoff
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import TunerStudy
 
@@ -91,7 +92,7 @@ def tuner_kube(chart_accounts) -> Kube:
     return Kube(kubernetes.config.new_client_from_config(config_file=str(chart_accounts["tuner"])))
 
 
-def run_tuner(chart_accounts, admin, name, storage, monkeypatch, *, stopped=None, events=None,
+def run_tuner(chart_accounts, admin, name, storage, *, stopped=None, events=None,
               **measurer) -> OperatorAndPods:
     """One tuner process's life for `name`: until the measurer stops it (returns) or kills it (Killed), or
     `stopped` is set. Events the tuner posts are appended to `events` as (type, reason, message)."""
@@ -99,15 +100,13 @@ def run_tuner(chart_accounts, admin, name, storage, monkeypatch, *, stopped=None
     stopped = stopped or threading.Event()
     pods = OperatorAndPods(admin, name, stopped, **measurer)
     events = [] if events is None else events
-    monkeypatch.setattr(daemon, "PrometheusSource", lambda url, selector: None)
-    monkeypatch.setattr(daemon, "PrometheusMeasurer", lambda source, slo, sleep: pods)
-    monkeypatch.setattr(daemon, "poster", lambda raw: (lambda type_, reason, message: events.append(
-        (type_, reason, message))))
-    monkeypatch.setattr(daemon, "ERROR_BACKOFF_INITIAL", 0.2)
     # a fixed seed for both resources: without one each deployment's name seeds its sampler (study._ask_seed)
     memo = kopf.Memo(kube=tuner_kube(chart_accounts), metrics=None,
                      cluster=daemon.ClusterConfig(prometheus_url="http://prometheus.invalid", storage=storage, seed=3))
-    daemon.tune_one(NS, name, raw["metadata"]["uid"], memo, stopped)
+    sources = daemon.Sources(measurer=lambda selector, slo, sleep: pods,
+                             events=lambda raw: lambda type_, reason, message: events.append((type_, reason, message)),
+                             backoff=lambda: Backoff(0.2, daemon.ERROR_BACKOFF_MAX))
+    daemon.tune_one(NS, name, raw["metadata"]["uid"], memo, stopped, sources)
     return pods
 
 
@@ -123,22 +122,22 @@ def told(storage: str, name: str, admin) -> list[tuple[int, int]]:
     raw = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", name)
     config = daemon.tuning_config(NS, name, raw["spec"], daemon.ClusterConfig(prometheus_url="x", storage=storage))
     study = TunerStudy(storage, config.deployment, config.space(), config.slo, config.settings.objective, seed=3)
-    return [(t.user_attrs["token_budget"], t.user_attrs["max_chunk"]) for t in study.completed()]
+    return [(r.knobs.token_budget, r.knobs.max_chunk) for r in study.records()]
 
 
 def test_a_tuner_killed_mid_trial_on_the_api_server_decides_as_the_uninterrupted_one(
-        admin, chart_accounts, tmp_path, monkeypatch):
+        admin, chart_accounts, tmp_path):
     for name in ("twin", "killed"):
         admin.create(sample(name, NS, tuning__maxTrials=12))
     twin_db, killed_db = f"sqlite:///{tmp_path / 'twin.db'}", f"sqlite:///{tmp_path / 'killed.db'}"
 
-    twin = run_tuner(chart_accounts, admin, "twin", twin_db, monkeypatch, stop_after=12)
+    twin = run_tuner(chart_accounts, admin, "twin", twin_db, stop_after=12)
     delivered: list = []  # what reached the killed tuner's pod, over both of its processes
     with pytest.raises(Killed):
-        run_tuner(chart_accounts, admin, "killed", killed_db, monkeypatch, die_at=6, delivered=delivered)
+        run_tuner(chart_accounts, admin, "killed", killed_db, die_at=6, delivered=delivered)
     at_kill = len(delivered)
     # a new process: the pod still runs what the killed one last wrote, and the study holds its running trial
-    resumed = run_tuner(chart_accounts, admin, "killed", killed_db, monkeypatch, stop_after=6, delivered=delivered)
+    resumed = run_tuner(chart_accounts, admin, "killed", killed_db, stop_after=6, delivered=delivered)
     assert resumed.measures >= 6
 
     # the same knobs under the same generations: nothing delivered twice (the trial left running is measured
@@ -152,20 +151,20 @@ def test_a_tuner_killed_mid_trial_on_the_api_server_decides_as_the_uninterrupted
 
 
 def test_a_read_only_study_storage_is_named_in_the_status_and_nothing_moves(admin, chart_accounts, tmp_path,
-                                                                           monkeypatch, caplog):
+                                                                           caplog):
     """The study's SQLite file on a volume that went read-only (SQLite's own refusal: the file opened with
     mode=ro, as a read-only mount makes every write fail): the study opens, its first write fails, and the tuner
     reports Tuning=False (StudyStorageUnavailable) and a Warning Event once, keeps the knobs and retries."""
     name = "readonly"
     admin.create(sample(name, NS, tuning__maxTrials=12))
     db = tmp_path / "study.db"
-    run_tuner(chart_accounts, admin, name, f"sqlite:///{db}", monkeypatch, stop_after=3)  # a study with trials
+    run_tuner(chart_accounts, admin, name, f"sqlite:///{db}", stop_after=3)  # a study with trials
     before = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments",
                                                        name)["status"]["scheduler"]
     caplog.set_level(logging.WARNING, logger=daemon.__name__)  # where tune_one logs each failed iteration
     stopped, events, since = threading.Event(), [], len(caplog.records)
     tuner = threading.Thread(target=run_tuner, args=(chart_accounts, admin, name,
-                                                     f"sqlite:///file:{db}?mode=ro&uri=true", monkeypatch),
+                                                     f"sqlite:///file:{db}?mode=ro&uri=true"),
                              kwargs={"stopped": stopped, "events": events}, daemon=True)
     tuner.start()
     try:
@@ -227,7 +226,7 @@ def fill(volume) -> int:
 
 
 def test_a_full_study_volume_is_named_in_the_status_and_the_tuner_goes_on_when_there_is_room(
-        admin, chart_accounts, small_volume, monkeypatch, caplog):
+        admin, chart_accounts, small_volume, caplog):
     """The study's SQLite file on a real filesystem that fills up while the tuner runs: its next write fails with
     SQLite's "database or disk is full", the tuner reports Tuning=False (StudyStorageUnavailable) and one Warning
     Event, keeps the knobs and retries; once there is room it records trials again, the earlier ones intact and
@@ -235,7 +234,7 @@ def test_a_full_study_volume_is_named_in_the_status_and_the_tuner_goes_on_when_t
     name = "fulldisk"
     admin.create(sample(name, NS, tuning__maxTrials=12))
     storage = f"sqlite:///{small_volume / 'study.db'}"
-    run_tuner(chart_accounts, admin, name, storage, monkeypatch, stop_after=3)  # a study with trials
+    run_tuner(chart_accounts, admin, name, storage, stop_after=3)  # a study with trials
     earlier = told(storage, name, admin)
     before = admin.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments",
                                                        name)["status"]["scheduler"]
@@ -248,7 +247,7 @@ def test_a_full_study_volume_is_named_in_the_status_and_the_tuner_goes_on_when_t
 
     caplog.set_level(logging.WARNING, logger=daemon.__name__)  # where tune_one logs each failed iteration
     stopped, events, since = threading.Event(), [], len(caplog.records)
-    tuner = threading.Thread(target=run_tuner, args=(chart_accounts, admin, name, storage, monkeypatch),
+    tuner = threading.Thread(target=run_tuner, args=(chart_accounts, admin, name, storage),
                              kwargs={"stopped": stopped, "events": events, "stop_after": 6}, daemon=True)
     tuner.start()
     try:

@@ -245,15 +245,17 @@ def figure(run: DemoRun, data: dict):
     trials = run.tuner.state.history if run.tuner else []
     if trials:
         xs = list(range(1, len(trials) + 1))
-        colors_ = ["tab:green" if t["feasible"] else "tab:red" for t in trials]
+        colors_ = ["tab:green" if t.feasible else "tab:red" for t in trials]
         for row, key, slo, what in ((3, "itl", c.itl_slo, "ITL p99"), (4, "ttft", c.ttft_slo, "TTFT p99")):
             ax = fig.add_subplot(grid[row])
-            ax.scatter(xs, [t.get(key) or 0 for t in trials], c=colors_, label="measured")
-            predicted = [(x, t[f"predicted_{key}"]) for x, t in zip(xs, trials) if t.get(f"predicted_{key}")]
+            ax.scatter(xs, [getattr(t.window, key) or 0 for t in trials], c=colors_, label="measured")
+            predicted = [(x, getattr(t.forecast, key)) for x, t in zip(xs, trials)
+                         if t.forecast is not None and getattr(t.forecast, key)]
             if predicted:  # the step-time model's prediction for the same knobs at the same load
                 ax.scatter(*zip(*predicted), facecolors="none", edgecolors="k", label="predicted")
             for x, t in zip(xs, trials):
-                ax.annotate(f"{t['token_budget']}/{t['max_chunk']}", (x, t.get(key) or 0), fontsize=6, rotation=45)
+                ax.annotate(f"{t.knobs.token_budget}/{t.knobs.max_chunk}", (x, getattr(t.window, key) or 0),
+                            fontsize=6, rotation=45)
             ax.axhline(slo, color="k", ls="--", lw=1)
             ax.set(xlabel="tuner window", ylabel=f"{what} (s)", yscale="log",
                    title=f"tuner windows, {what} (green: within the SLOs), labelled budget/chunk; hollow: predicted")

@@ -331,7 +331,8 @@ def save_json(run: DemoRun, extra: dict) -> Path:
     doc = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(run.config).items()},
            "summary": summary(run), "placement": run.placement,
            "sizing": run.sizing.to_dict() if run.sizing is not None else None,
-           "busy_contention": run.busy_contention, "run_busy": run.run_busy, "trials": state.history if state else [], "errors": run.errors,
+           "busy_contention": run.busy_contention, "run_busy": run.run_busy,
+           "trials": [h.to_dict() for h in state.history] if state else [], "errors": run.errors,
            "pids": [e.proc.pid for es in run.engines.values() for e in es] +
                    ([run.prometheus.proc.pid] if run.prometheus and run.prometheus.proc else []), **extra}
     path = run.config.out / "demo.json"

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import kopf
@@ -41,7 +42,7 @@ from chunkpilot.kube.peering_gate import PeeringGate
 from chunkpilot.tuner import reasons
 from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.config import TuningConfig, build_loop
-from chunkpilot.tuner.interfaces import ReplicaCount
+from chunkpilot.tuner.interfaces import Measurer, ReplicaCount
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.metrics import TunerMetrics
@@ -324,16 +325,40 @@ def iteration_failure(e: Exception, retry_in: float) -> tuple[str, str]:
     return "IterationFailed", reasons.iteration_failed(e, retry_in)
 
 
-def report_failure(writer: StatusWriter, raw: dict, reason: str, message: str) -> None:
+def report_failure(writer: StatusWriter, post_event, reason: str, message: str) -> None:
     """Tuning=False and a Warning Event naming the failure; best effort (the API may be what fails)."""
     try:
         writer.write(tuner_conditions=[Condition(type="Tuning", status="False", reason=reason, message=message)])
-        poster(raw)("Warning", reason, message)
+        post_event("Warning", reason, message)
     except Exception as e:  # noqa: BLE001 - the report must never be what stops the loop
         log.warning("tuning %s/%s: the failure could not be reported (%r)", writer.namespace, writer.name, e)
 
 
-def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: threading.Event) -> None:
+EventPoster = Callable[[str, str, str], None]  # (type, reason, message) -> a Kubernetes Event on the resource
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What tune_one builds a resource's loop from, besides the API client and the settings in `memo`: production
+    code takes `Sources.of(cluster)`, tests hand in fakes (a scripted measurer, an event list, a quick backoff)."""
+
+    # (selector of the resource's engine series, its SLOs, the wait that a stop ends) -> the window measurer
+    measurer: Callable[[str, SLOTargets, Callable[[float], bool]], Measurer]
+    events: Callable[[dict], EventPoster]  # the raw resource -> where its Events go
+    build_loop: Callable[..., TunerLoop] = build_loop  # config.build_loop: the study storage named in the config
+    # the pause after a failed iteration, doubling while failures repeat (retry.py: the one retry layer)
+    backoff: Callable[[], Backoff] = lambda: Backoff(ERROR_BACKOFF_INITIAL, ERROR_BACKOFF_MAX)
+
+    @classmethod
+    def of(cls, cluster: ClusterConfig) -> Sources:
+        """Prometheus at the cluster's URL; Events through kopf."""
+        def measurer(selector: str, slo: SLOTargets, sleep: Callable[[float], bool]) -> Measurer:
+            return PrometheusMeasurer(PrometheusSource(cluster.prometheus_url, selector), slo, sleep=sleep)
+        return cls(measurer=measurer, events=poster)
+
+
+def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: threading.Event,
+             sources: Sources) -> None:
     """One resource's tuning: rebuild the loop when the tuning spec changes, iterate until stopped or gone. Pinned
     to the resource's uid: a new resource of the same name gets a fresh thread, study state and generation.
 
@@ -353,7 +378,7 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
     history = histories.setdefault(uid, [])
     autoscalers = memo.setdefault("autoscalers", AutoscalerCheck(kube))
     may_act = memo.get("gate") or (lambda: True)
-    backoff, failing, raw = Backoff(ERROR_BACKOFF_INITIAL, ERROR_BACKOFF_MAX), None, None
+    backoff, failing, raw = sources.backoff(), None, None
     while not stopped.is_set():
         # Everything an iteration calls is inside this one try: the read, the spec's check, the loop's build and
         # its window. This is the only place a failure is retried (retry.py); the loop shares its Backoff.
@@ -375,12 +400,11 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
                 continue
             if config != built_for:
                 start, generation = start_knobs(raw)
-                source = PrometheusSource(cluster.prometheus_url, selector)
-                loop = build_loop(config, StatusActuator(writer, start, generation),
-                                  PrometheusMeasurer(source, config.slo, sleep=sleep),
-                                  StatusPublisher(writer, config, memo.metrics, post_event=poster(raw)),
-                                  scaler=StatusScaler(kube, namespace, name, autoscalers),
-                                  scaling_history=history, backoff=backoff)
+                loop = sources.build_loop(config, StatusActuator(writer, start, generation),
+                                          sources.measurer(selector, config.slo, sleep),
+                                          StatusPublisher(writer, config, memo.metrics, post_event=sources.events(raw)),
+                                          scaler=StatusScaler(kube, namespace, name, autoscalers),
+                                          scaling_history=history, backoff=backoff)
                 built_for = config
                 # an SRE reading the log after a restart or a reinstall sees whether the study (on its volume or
                 # database) came back, or whether the tuner starts from nothing
@@ -397,7 +421,7 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
                         what, pause, exc_info=not isinstance(e, ApiException))
             reason, message = iteration_failure(e, pause)
             if reason != failing and raw is not None:  # said once while it lasts; a good iteration replaces it
-                report_failure(writer, raw, reason, message)
+                report_failure(writer, sources.events(raw), reason, message)
                 failing = reason
             sleep(pause)
 
@@ -432,7 +456,9 @@ def run(cluster: ClusterConfig, metrics: TunerMetrics, stop: threading.Event) ->
                        (lambda: kube.read_peerings(cluster.peering, cluster.namespaces)), process.priority)
     memo = kopf.Memo(kube=kube, cluster=cluster, metrics=metrics, stopping=stop, autoscalers=AutoscalerCheck(kube),
                      gate=gate)
-    memo.supervisor = Supervisor(lambda namespace, name, uid, stopped: tune_one(namespace, name, uid, memo, stopped))
+    sources = Sources.of(cluster)
+    memo.supervisor = Supervisor(lambda namespace, name, uid, stopped: tune_one(namespace, name, uid, memo, stopped,
+                                                                               sources))
     try:
         process.run(build_registry(), process.settings(), memo, stop)
     finally:

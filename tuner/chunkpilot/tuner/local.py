@@ -60,7 +60,8 @@ class FilePublisher:
         slo = status_slo(state.current_window, self.config.slo)
         doc = {"tuning": dump(status_tuning(state, self.config.slo, s.objective)),
                "slo": dump(slo) if slo is not None else None,
-               "conditions": [dump(c) for c in conditions(state, self.config.slo)], "history": state.history}
+               "conditions": [dump(c) for c in conditions(state, self.config.slo)],
+               "history": [h.to_dict() for h in state.history]}
         if self.status_file:
             tmp = self.status_file.with_name(f".{self.status_file.name}.tmp")
             tmp.write_text(json.dumps(doc, indent=1, default=str))

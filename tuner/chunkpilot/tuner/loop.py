@@ -1,7 +1,8 @@
 """The tuning loop for one deployment, written against small interfaces (chunkpilot.tuner.interfaces) so that the
 same code runs against Prometheus and the cluster, Prometheus and a knobs file, or the simulator's virtual clock.
 What to do next is decided by chunkpilot.tuner.policy's pure functions over the loop's memory (`memory()`, all of
-it rebuilt from the study after a restart); this module carries the actions out.
+it rebuilt from the study after a restart), and which knobs a trial tries by chunkpilot.tuner.choice.choose; this
+module carries the actions out.
 
 One `iterate()` is one unit of work:
 * Exploring: ask Optuna → apply → wait until every pod reports the generation → skip the warm-up → measure a
@@ -35,16 +36,18 @@ import time
 from dataclasses import dataclass
 
 from chunkpilot.kube.conditions import now_rfc3339
-from chunkpilot.tuner import autoscale, guide, policy, reasons
+from chunkpilot.tuner import autoscale, choice, guide, policy, reasons
 from chunkpilot.tuner.autoscale import ReplicaCoordinator, ScalingPolicy
+from chunkpilot.tuner.choice import TrialKind
+from chunkpilot.tuner.history import Forecast, HistoryEntry, Screening, WindowKind
 from chunkpilot.tuner.interfaces import Actuator, MeasurementUnavailable, Measurer, Publisher, Scaler
 from chunkpilot.tuner.predictor import predict
-from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
+from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, slo_met, wide_breach
 from chunkpilot.tuner.policy import Outcome
 from chunkpilot.tuner.retry import Backoff
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import ScalingState, TunerState
-from chunkpilot.tuner.study import TunerStudy
+from chunkpilot.tuner.study import TunerStudy, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +102,14 @@ class TunerLoop:
         # next to predicted (they calibrate every prediction), whether the baseline was measured, and how many
         # trials ran since the incumbent was last re-measured.
         self.state.history = study.memory()[-999:]
-        epoch_kinds = [h.get("kind") for h in self.state.history if h.get("epoch") == study.epoch]
-        self._baseline = "baseline" in epoch_kinds  # guided: the one window measured before any model could be fitted
+        epoch_kinds = [h.kind for h in self.state.history if h.epoch == study.epoch]
+        # guided: the one window measured before any model could be fitted
+        self._baseline = WindowKind.BASELINE in epoch_kinds
         self._breaches = policy.trailing_breaches(self.state.history, study.epoch, slo, settings.min_requests)
         # counted as the running loop counts: whole trials, not those cut short
-        told = [(t.user_attrs.get("kind"), bool(t.user_attrs.get("cut_short"))) for t in study.completed()]
-        last = max((i for i, (k, _) in enumerate(told) if k == "incumbent"), default=0)
-        self._since_incumbent = sum(1 for _, cut in told[last:] if not cut)
+        told = study.records()
+        last = max((i for i, r in enumerate(told) if r.kind == TrialKind.INCUMBENT), default=0)
+        self._since_incumbent = sum(1 for r in told[last:] if not r.cut_short)
         # guided needs a measurer that can fit the model (Prometheus, the simulator); others run black-box
         self._guided = settings.guidance == "model" and hasattr(measurer, "context")
         if study.closed_stale:
@@ -167,7 +171,7 @@ class TunerLoop:
         self.state.phase = "Exploring"
         best = self.study.best()
         if action.remeasure_incumbent:
-            self.study.enqueue(best.knobs, "incumbent")
+            self.study.enqueue(best.knobs, TrialKind.INCUMBENT)
             self._since_incumbent = 0
         # an outage here holds (nothing moved yet), rather than asking blind
         context = self._context(self.s.window * self.s.lookback_windows, quiet=False) if self._guided else None
@@ -184,7 +188,7 @@ class TunerLoop:
                 wide_breach(probe, self.slo, self.s.breach_factor)
             if cut:
                 self.study.tell(trial, probe, cut_short=True)
-                self._record(knobs, probe, "cut")
+                self._record(knobs, probe, WindowKind.CUT)
                 self.state.reason = reasons.cut(knobs, self.s.breach_factor)
             else:
                 self.measurer.wait(self.s.window - probe_len)
@@ -215,11 +219,11 @@ class TunerLoop:
         if window.requests < self.s.min_requests:
             self.study.fail(trial, f"only {window.requests} requests in the window (< {self.s.min_requests})")
             self.state.reason = reasons.thin(window.requests)
-            self._record(knobs, window, "thin")
+            self._record(knobs, window, WindowKind.THIN)
             return Outcome.THIN
         self.study.tell(trial, window)
         self._since_incumbent += 1
-        self._record(knobs, window, "complete")
+        self._record(knobs, window, WindowKind.COMPLETE)
         self.state.reason = reasons.trial(self.study.explored(), self.s.max_trials, self.study.epoch)
         return Outcome.TRIAL
 
@@ -230,102 +234,49 @@ class TunerLoop:
         self.measurer.wait(self.s.window)
         window = self.measurer.measure(self.s.window)
         self._baseline = True  # after the measurement: an outage does not use it up
-        self._record(knobs, window, "baseline")
+        self._record(knobs, window, WindowKind.BASELINE)
         self.state.reason = reasons.baseline()
         return Outcome.BASELINE
 
     def _ask(self, context: guide.Context | None):
-        """The next trial: Optuna's ask, screened by the step-time model when guided."""
-        if not self._guided or context is None:
-            self.state.feasible, self.state.replicas_needed = None, None
-            return self.study.ask()  # nothing to predict from yet (too few steps or requests): black-box
-        shift = self._load_shift(context)
-        if shift > self.s.drift_load_shift:
-            # what this epoch measured describes another load: it no longer decides, nor calibrates
+        """The next trial: choice.choose decides (Optuna's ask, screened by the step-time model when guided);
+        this carries it out."""
+        made = choice.choose(self._choice_memory(), choice.Observation(context))
+        if made.load_moved is not None:
             self.study.new_epoch([])
-            self.state.reason = reasons.load_moved(shift, self.study.epoch)
+            self.state.reason = reasons.load_moved(made.load_moved, self.study.epoch)
             log.info("%s", self.state.reason)
-        observations = self._observations()
-        screened = guide.screen(context, self.space.all_knobs(), self.slo, observations,
-                                stress=self.s.drift_load_shift)
-        # A measurement wins over a prediction, where it was taken at about this load (within the drift the
-        # tuner tolerates: a calm minute's "feasible" says nothing about a busy one); elsewhere the prediction,
-        # calibrated by that window, decides.
-        now = (context.load.request_rate, context.load.mean_prompt_tokens, 0.0)  # per pod, as load_of
-        grid = set(self.space.all_knobs())  # advisory mode records the user's knobs, which need not be on it
-        measured = {m.knobs: m for m in self.study.measured() if m.knobs in grid
-                    and load_shift(load_of(m.window)[:2] + (0.0,), now) <= self.s.drift_load_shift}
-        allowed = {c.knobs for c in screened if c.safe and c.knobs not in measured}
-        allowed |= {k for k, m in measured.items() if m.feasible}
-        if allowed and allowed <= set(measured) and self.study.explored() < self.s.max_trials:
-            # Measured knobs are judged at the load they met, unmeasured ones with the load headroom: with only
-            # the headroom keeping the rest out, the first pick that kept the SLOs would be held for good. The
-            # least-pressure knobs predicted safe at the load now may be tried (a breach is cut short as any).
-            now_screen = guide.screen(context, self.space.all_knobs(), self.slo, observations)
-            more = [c.knobs for c in now_screen if c.safe and c.knobs not in measured]
-            if more:
-                allowed.add(more[0])
-                if not self.study.waiting():  # tried next, not left to a draw that may land on the measured pick
-                    self.study.enqueue(more[0], "predicted")
-        self.state.predicted_safe = len(allowed)
-        if not allowed:
-            # closest to keeping the SLOs at the load now (the headroom is for exploring, not for this)
-            unstressed = guide.screen(context, self.space.all_knobs(), self.slo, observations)
-            closest = guide.closest(unstressed, self.slo)
-            pressure = {c.knobs: c.pressure for c in unstressed}
-            self.state.feasible = False
-            # as safe is judged: with the load headroom the tuner keeps
-            self.state.replicas_needed = guide.replicas_needed(guide.stressed(context, self.s.drift_load_shift),
-                                                               closest, self.slo, observations)
-            self.state.feasible_reason = reasons.no_feasible_knobs(
-                context.load.request_rate, context.pods, closest, pressure[closest], len(observations),
-                self.state.replicas_needed)
-            self.study.enqueue(closest, "closest")
+        if made.judgement is None:
+            self.state.feasible, self.state.replicas_needed = None, None
+        else:
+            j = made.judgement
+            self.state.predicted_safe = j.allowed
+            self.state.feasible, self.state.replicas_needed, self.state.feasible_reason = \
+                j.feasible, j.replicas_needed, j.reason
+        for note in made.notes:
+            log.info("%s", note)
+        if made.queue is not None:
+            self.study.enqueue(made.queue, made.kind)
+        if made.screen is None:
             return self.study.ask()
-        self.state.feasible, self.state.replicas_needed, self.state.feasible_reason = True, None, ""
-        log.info("%d of %d knobs allowed at %.2f req/s per pod (%d measured); predicted best %s/%s at %.0f%% of "
-                 "its tightest limit", len(allowed), len(screened), context.load.request_rate, len(measured),
-                 screened[0].knobs.token_budget, screened[0].knobs.max_chunk, 100 * screened[0].pressure)
-        # Active identification: when the pick among the safe knobs turns on a term this window's steps do not pin
-        # down, measure the safe knobs that separate the candidates before trusting either.
-        split = None if self.study.waiting() else guide.separating(
-            guide.stressed(context, self.s.drift_load_shift), [c for c in screened if c.knobs in allowed], self.slo,
-            observations)
-        if split is not None and split[0] not in measured:
-            self.study.enqueue(split[0], "identify")
-            log.info("the pick among the safe knobs depends on %s, which the steps do not identify: trying %s/%s, "
-                     "whose steps those terms weigh on most", ", ".join(split[1]), split[0].token_budget,
-                     split[0].max_chunk)
-        elif not self.study.waiting() and all(t.user_attrs.get("kind") == "identify" for t in self.study.completed()):
-            # the epoch's first trial (after any that identified the model): the predicted best
-            best = next(c for c in screened if c.knobs in allowed)
-            self.study.enqueue(best.knobs, "predicted")
-        by_knobs = {c.knobs: c for c in screened}
         for _ in range(MAX_REJECTED_ASKS):
             trial, knobs = self.study.ask()
-            if knobs in allowed or trial.user_attrs.get("kind") in ("incumbent", "predicted", "identify", "resumed"):
+            if made.screen.takes(knobs, kind_of(trial)):
                 return trial, knobs
-            c = by_knobs[knobs]
-            self.study.reject(trial, c.candidate.constraints(self.slo), "measured infeasible" if knobs in measured else
-                              f"predicted pressure {c.pressure:.2f} (> 1)")
+            self.study.reject(trial, *made.screen.rejection(knobs))
         # the sampler keeps asking outside the safe set: the least-pressure allowed knobs not measured yet, else
         # the least-pressure allowed ones
-        ranked = [c.knobs for c in screened if c.knobs in allowed]
-        untried = [k for k in ranked if k not in measured]
-        self.study.enqueue((untried or ranked)[0], "predicted")
+        self.study.enqueue(made.screen.fallback, TrialKind.PREDICTED)
         return self.study.ask()
 
-    def _load_shift(self, context: guide.Context) -> float:
-        """How far the load now (rate per pod and mean prompt) is from the mean of the epoch's trial windows; 0
-        before any."""
-        windows = [t.user_attrs.get("window") for t in self.study.completed()]
-        windows = [w for w in windows if w]
-        if not windows:
-            return 0.0
-        loads = [load_of(w) for w in windows]
-        reference = (sum(r for r, _, _ in loads) / len(loads), sum(p for _, p, _ in loads) / len(loads), 0.0)
-        now = (context.load.request_rate, context.load.mean_prompt_tokens, 0.0)  # per pod
-        return load_shift(reference, now)
+    def _choice_memory(self) -> choice.Memory:
+        """What choice.choose depends on, read from the study and the recorded windows now."""
+        return choice.Memory(guided=self._guided, epoch=self.study.epoch, grid=tuple(self.space.all_knobs()),
+                             slo=self.slo, drift_load_shift=self.s.drift_load_shift, max_trials=self.s.max_trials,
+                             trial_windows=tuple(self.study.trial_windows()), measured=tuple(self.study.measured()),
+                             explored=self.study.explored(), waiting=self.study.waiting(),
+                             completed_kinds=tuple(r.kind for r in self.study.records()),
+                             calibration=tuple(self._observations()))
 
     def _context(self, seconds: float, quiet: bool = True) -> guide.Context | None:
         context = getattr(self.measurer, "context", None)
@@ -343,10 +294,9 @@ class TunerLoop:
 
     def _observations(self) -> list[guide.Observation]:
         """This epoch's windows, measured next to predicted (what calibrates the predictions)."""
-        return [guide.Observation(Knobs(h["token_budget"], h["max_chunk"]), h.get("predicted_itl"), h.get("itl"),
-                                  h.get("predicted_ttft"), h.get("ttft"), h.get("predicted_capacity"),
-                                  h.get("prefill_capacity"))
-                for h in self.state.history if h["epoch"] == self.study.epoch and "predicted_itl" in h]
+        return [guide.Observation(h.knobs, h.forecast.itl, h.window.itl, h.forecast.ttft, h.window.ttft,
+                                  h.forecast.capacity, h.window.prefill_capacity)
+                for h in self.state.history if h.epoch == self.study.epoch and h.forecast is not None]
 
     def _exploit(self) -> Outcome:
         self.state.phase = "Exploiting"
@@ -368,7 +318,7 @@ class TunerLoop:
             self.measurer.wait(self.s.warmup)
         self.measurer.wait(self.s.window)
         window = self.measurer.measure(self.s.window)
-        self._record(best.knobs, window, "exploit")
+        self._record(best.knobs, window, WindowKind.EXPLOIT)
         if window.requests < self.s.min_requests:
             self.state.reason = reasons.holding_thin()
             return Outcome.EXPLOIT
@@ -388,18 +338,16 @@ class TunerLoop:
         self.state.phase = "Advisory"
         self.state.feasible, self.state.replicas_needed = None, None  # advisory changes nothing, screens nothing
         knobs = self.actuator.current()
-        self.study.enqueue(knobs, "observed")
+        self.study.enqueue(knobs, TrialKind.OBSERVED)
         trial, _ = self.study.ask()
-        # what really ran (the user's knobs need not lie on the grid)
-        trial.set_user_attr("token_budget", knobs.token_budget)
-        trial.set_user_attr("max_chunk", knobs.max_chunk)
+        self.study.ran(trial, knobs)  # what really ran (the user's knobs need not lie on the grid)
         self.measurer.wait(self.s.window)
         window = self.measurer.measure(self.s.window)
         if window.requests < self.s.min_requests:
             self.study.fail(trial, "thin window")
             return Outcome.THIN
         self.study.tell(trial, window)
-        self._record(knobs, window, "observed")
+        self._record(knobs, window, WindowKind.OBSERVED)
         best = self.study.best()
         self.state.recommendation = best.knobs if best else None
         self.state.reason = reasons.advisory()
@@ -467,45 +415,41 @@ class TunerLoop:
             self.measurer.wait(self.s.poll)
             waited += self.s.poll
 
-    def _record(self, knobs: Knobs, window: Window, kind: str) -> None:
-        guided = {} if self.state.predicted_safe is None else {"allowed": self.state.predicted_safe,
-                                                                 "feasible_knobs": self.state.feasible}
+    def _record(self, knobs: Knobs, window: Window, kind: WindowKind) -> None:
+        screening = None if self.state.predicted_safe is None else Screening(self.state.predicted_safe,
+                                                                             self.state.feasible)
         # judged as best() judges (against the epoch's load); a window told as a trial is in that load already
-        extra = [] if kind in _TOLD else [window.to_dict()]
+        extra = [] if kind.told else [window.to_dict()]
         ok = feasible(window, self.slo, self.study.reference_demand(extra))
         self.state.current = knobs
         self.state.current_window = window
         self.state.current_feasible = ok
         self.state.recorded += 1
         del self.state.history[:-999]  # the local report needs the recent past, not an unbounded list
-        self._remember({"epoch": self.study.epoch, "kind": kind, "token_budget": knobs.token_budget,
-                        "max_chunk": knobs.max_chunk, "feasible": ok,
-                        **window.to_dict(), **self._forecast(knobs, window.seconds), **guided})
+        self._remember(HistoryEntry(self.study.epoch, kind, knobs, ok, window, self._forecast(knobs, window.seconds),
+                                    screening))
 
-    def _remember(self, entry: dict) -> None:
+    def _remember(self, entry: HistoryEntry) -> None:
         self.state.history.append(entry)
         self.study.remember(entry)
 
-    def _forecast(self, knobs: Knobs, seconds: float) -> dict:
+    def _forecast(self, knobs: Knobs, seconds: float) -> Forecast | None:
         """Predicted next to measured, for every window: how far to trust the step-time model, and what the
         guided tuner calibrates its predictions with. Nothing when the measurer cannot forecast or the window says
         too little."""
         context = self._context(seconds)
         if context is None:
-            return {}
+            return None
         try:
             prediction = predict(context.model, knobs, context.load)
         except (ArithmeticError, ValueError) as e:  # a diagnostic must never cost a tuning window
             log.warning("no prediction for %s/%s: %s", knobs.token_budget, knobs.max_chunk, e)
-            return {}
+            return None
         ttft = prediction.ttft_p99 if math.isfinite(prediction.ttft_p99) else None  # None: past capacity
-        return {"predicted_itl": prediction.itl_p99, "predicted_ttft": ttft,
-                "predicted_utilization": prediction.utilization,
-                "predicted_capacity": prediction.prefill_capacity * context.pods,
-                "step_model_error": context.model.relative_error}
+        return Forecast(prediction.itl_p99, ttft, prediction.utilization, prediction.prefill_capacity * context.pods,
+                        context.model.relative_error)
 
 
 GUIDANCE = ("model", "blackbox")
 MAX_REJECTED_ASKS = 30  # asks screened out per trial before the loop picks the least-pressure untried knobs itself
-_TOLD = ("complete", "cut", "observed")  # _record kinds whose window the study already holds as a trial
 

@@ -77,7 +77,7 @@ class TunerMetrics:
                 self.slo_seconds.labels(namespace, deployment, kind, f"{target.percentile:g}").set(target.threshold)
         new = min(state.recorded - self._seen.get(key, 0), len(state.history))
         for entry in state.history[len(state.history) - new:] if new > 0 else []:
-            self.trials.labels(namespace, deployment, entry["kind"]).inc()
+            self.trials.labels(namespace, deployment, entry.kind.value).inc()
         self._seen[key] = state.recorded
         if state.current_window is not None:
             self.objective.labels(namespace, deployment).set(objective_value(state.current_window, objective))

@@ -2,9 +2,9 @@
 after a restart) and what it just measured in, a typed action out. No I/O, no Optuna, no clock: TunerLoop
 (loop.py) is their driver against the cluster, a knobs file or the simulator, and carries the actions out.
 
-Which knobs a trial tries (Optuna's ask screened by the step-time model) stays in the loop and guide.py: it is a
-function of the study's trials, which the study stores, and the sampler is seeded from them
-(study.TunerStudy._ask_seed), so it too is the same after a restart."""
+Which knobs a trial tries (Optuna's ask screened by the step-time model) is chunkpilot.tuner.choice's pure
+`choose`: a function of the study's trials and recorded windows, which the study stores, and the sampler is seeded
+from them (study.TunerStudy._ask_seed), so it too is the same after a restart."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from chunkpilot.tuner import reasons
-from chunkpilot.tuner.measurement import SLOTargets, Window, load_of, load_shift, slo_met, window_of
+from chunkpilot.tuner.history import HistoryEntry, WindowKind
+from chunkpilot.tuner.measurement import SLOTargets, Window, load_of, load_shift, slo_met
 
 
 class Outcome(StrEnum):
@@ -131,17 +132,17 @@ def after_exploit(best_window: dict, window: Window, slo: SLOTargets, breaches: 
     return Keep(breaches)
 
 
-def trailing_breaches(history: list[dict], epoch: int, slo: SLOTargets, min_requests: int) -> int:
+def trailing_breaches(history: list[HistoryEntry], epoch: int, slo: SLOTargets, min_requests: int) -> int:
     """The consecutive breaching windows of the best knobs at the end of the recorded windows (the memory the
     study keeps): what after_exploit counts on from, after a restart as in the running loop. Thin windows are
     not judged there, so they neither count nor break the run."""
     count = 0
     for h in reversed(history):
-        if h.get("epoch") != epoch or h.get("kind") != "exploit":
+        if h.epoch != epoch or h.kind != WindowKind.EXPLOIT:
             break
-        if h.get("requests", 0) < min_requests:
+        if h.window.requests < min_requests:
             continue
-        if slo_met(window_of(h), slo):
+        if slo_met(h.window, slo):
             break
         count += 1
     return count

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chunkpilot.api.types import AutoscalingStatus, Condition, KnobsMeasurement, SLOStatus, TuningStatus
+from chunkpilot.tuner.history import HistoryEntry
 from chunkpilot.tuner.measurement import SLOTargets, Window, slo_met
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import Measured
@@ -26,7 +27,7 @@ class TunerState:
     last_change: str | None = None
     reason: str = ""
     healthy: bool = True  # False while measurements fail (Tuning=False)
-    history: list[dict] = field(default_factory=list)  # recent windows, for the local report
+    history: list[HistoryEntry] = field(default_factory=list)  # recent windows, for the local report
     recorded: int = 0  # windows recorded since start (history keeps only the last 1000)
     # model-guided tuning: whether any knobs are predicted (or measured) to keep the SLOs at the measured load,
     # the replicas that would be needed when none are, why, and how many candidates are allowed now

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from chunkpilot.tuner.choice import TrialKind
+from chunkpilot.tuner.history import HistoryEntry
 from chunkpilot.tuner.measurement import SLOTargets, Window, constraints, objective_value, prompt_demand, window_of
 from chunkpilot.tuner.space import Knobs, SearchSpace
 
@@ -40,6 +42,33 @@ VIOLATION_TOLERANCE = 0.1
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 
 MEMORY_PREFIX = "memory:"  # study user attributes holding the loop's recorded windows
+
+def kind_of(trial: optuna.Trial | FrozenTrial) -> TrialKind | None:
+    """Why the trial was queued; None for Optuna's own asks (and for a kind this version does not know)."""
+    kind = trial.user_attrs.get("kind")
+    return TrialKind(kind) if kind in TrialKind._value2member_map_ else None
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """What the study stores about one trial, typed: the trial attributes are written and read here alone."""
+
+    number: int
+    state: TrialState
+    knobs: Knobs | None  # None until asked (a queued trial)
+    kind: TrialKind | None
+    window: dict | None  # the measured window (told trials)
+    cut_short: bool
+    constraints: tuple[float, ...]  # Optuna's convention: <= 0 is satisfied (told and rejected trials)
+    rejected: str | None  # why an ask was not tried
+
+    @classmethod
+    def of(cls, t: FrozenTrial) -> TrialRecord:
+        a = t.user_attrs
+        knobs = Knobs(a["token_budget"], a["max_chunk"]) if "token_budget" in a else None
+        return cls(t.number, t.state, knobs, kind_of(t), a.get("window"), bool(a.get("cut_short")),
+                   tuple(a.get("constraints", ())), a.get("rejected"))
+
 
 def _constraints_of(trial: FrozenTrial) -> list[float]:
     return list(trial.user_attrs.get("constraints", [1.0]))
@@ -142,7 +171,7 @@ class TunerStudy:
         self.study = self._open(self.epoch)
         self._remembered = None
         for k in seed_knobs:
-            self.enqueue(k, "incumbent")
+            self.enqueue(k, TrialKind.INCUMBENT)
 
     def _close_stale(self) -> int:
         """Trials an earlier tuner left running (it was killed mid-window) are failed, and their knobs queued again:
@@ -155,31 +184,34 @@ class TunerStudy:
             self.study.tell(t.number, state=TrialState.FAIL)
             if t.params:  # its very parameters, not the knobs' indices: a clamped ask (chunk over budget) has
                 # other indices than its knobs map back to, and the sampler learns from the parameters
-                self.study.enqueue_trial(dict(t.params), user_attrs={"kind": t.user_attrs.get("kind", "resumed")},
-                                         skip_if_exists=False)
+                kind = t.user_attrs.get("kind", TrialKind.RESUMED.value)
+                self.study.enqueue_trial(dict(t.params), user_attrs={"kind": kind}, skip_if_exists=False)
             log.warning("trial %d of %s was left running by an earlier tuner: closed, and its knobs measured again",
                         t.number, self.study.study_name)
         return len(stale)
 
     # -- memory: what the loop learned besides the trials, kept beside them ---------------------------------
-    def remember(self, entry: dict) -> None:
+    def remember(self, entry: HistoryEntry) -> None:
         """One window as the loop recorded it (measured next to predicted: what calibrates the predictions),
         stored in this epoch's study so that a restarted tuner has the same knowledge."""
         if self._remembered is None:  # counted once per epoch: later windows are numbered on
-            self._remembered = len(self.memory())
-        clean = json.loads(json.dumps(entry, default=str))  # the storage keeps JSON
+            self._remembered = len(self._memory_keys())
+        clean = json.loads(json.dumps(entry.to_dict(), default=str))  # the storage keeps JSON
         self.study.set_user_attr(f"{MEMORY_PREFIX}{self._remembered:06d}", clean)
         self._remembered += 1
 
-    def memory(self) -> list[dict]:
+    def _memory_keys(self) -> list[str]:
+        return sorted(k for k in self.study.user_attrs if k.startswith(MEMORY_PREFIX))
+
+    def memory(self) -> list[HistoryEntry]:
         """This epoch's remembered windows, oldest first."""
         attrs = self.study.user_attrs
-        return [attrs[k] for k in sorted(k for k in attrs if k.startswith(MEMORY_PREFIX))]
+        return [HistoryEntry.from_dict(attrs[k]) for k in self._memory_keys()]
 
     # -- ask / tell -----------------------------------------------------------------------------------------
-    def enqueue(self, knobs: Knobs, kind: str) -> None:
+    def enqueue(self, knobs: Knobs, kind: TrialKind) -> None:
         bi, ci = self.space.indices(knobs)
-        self.study.enqueue_trial({"budget_index": bi, "chunk_index": ci}, user_attrs={"kind": kind},
+        self.study.enqueue_trial({"budget_index": bi, "chunk_index": ci}, user_attrs={"kind": TrialKind(kind).value},
                                  skip_if_exists=False)
 
     def ask(self) -> tuple[optuna.Trial, Knobs]:
@@ -193,9 +225,14 @@ class TunerStudy:
         trial = self.study.ask()
         knobs = self.space.knobs(trial.suggest_int("budget_index", 0, len(self.space.budgets) - 1),
                                  trial.suggest_int("chunk_index", 0, len(self.space.chunks) - 1))
+        self.ran(trial, knobs)
+        return trial, knobs
+
+    @staticmethod
+    def ran(trial: optuna.Trial, knobs: Knobs) -> None:
+        """The knobs the trial measures: the ask's, or what really ran where that is off the grid (advisory)."""
         trial.set_user_attr("token_budget", knobs.token_budget)
         trial.set_user_attr("max_chunk", knobs.max_chunk)
-        return trial, knobs
 
     def tell(self, trial: optuna.Trial, window: Window, *, cut_short: bool = False) -> float:
         value = objective_value(window, self.objective)
@@ -226,9 +263,17 @@ class TunerStudy:
     def completed(self) -> list[FrozenTrial]:
         return self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
+    def records(self, states: tuple[TrialState, ...] | None = (TrialState.COMPLETE,)) -> list[TrialRecord]:
+        """This epoch's trials in `states` (None: all), typed, in the order they were asked."""
+        return [TrialRecord.of(t) for t in self.study.get_trials(deepcopy=False, states=states)]
+
+    def trial_windows(self) -> list[dict]:
+        """The windows of this epoch's completed trials."""
+        return [r.window for r in self.records() if r.window]
+
     def explored(self) -> int:
         """Completed trials of this epoch that explored (re-measurements of the incumbent do not count)."""
-        return sum(1 for t in self.completed() if t.user_attrs.get("kind") != "incumbent")
+        return sum(1 for t in self.completed() if kind_of(t) != TrialKind.INCUMBENT)
 
     def _count_completed(self, epochs) -> int:
         names = {s.study_name for s in optuna.get_all_study_summaries(self.storage)}

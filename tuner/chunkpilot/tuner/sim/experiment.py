@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chunkpilot.loadgen.workloads import MIXES, SHAPES, Phase, build_workload, scaled
+from chunkpilot.tuner.history import HistoryEntry
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import SLOTargets, Window
 from chunkpilot.tuner.sim.costmodel import Contended, StepCost
@@ -52,7 +53,7 @@ class _Quiet:
 @dataclass
 class TuneResult:
     best: Knobs | None
-    trials: list[dict] = field(default_factory=list)
+    trials: list[HistoryEntry] = field(default_factory=list)  # every recorded window
     best_after: list[Knobs | None] = field(default_factory=list)  # the incumbent after each iteration
 
 
