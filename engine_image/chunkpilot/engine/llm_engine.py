@@ -7,6 +7,7 @@ so the step loop (and the scheduler it owns) stays single-threaded.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import logging
 import queue
@@ -26,6 +27,7 @@ from chunkpilot.engine.outputs import RequestOutput, TokenLogprob
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.draft_cost import RowCost
 from chunkpilot.engine.scheduler import MIN_ACCEPTANCE, Scheduler, SchedulerConfig
+from chunkpilot.engine.speculative import make_proposer
 from chunkpilot.engine.sequence import FinishReason, Sequence
 from chunkpilot.contract.step_cost import step_features
 from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -126,8 +128,9 @@ class LLMEngine:
     def _proposer(self, spec):
         """A draft model gets its own engine on this process's device (rank 0's under tensor parallelism), with
         as many KV blocks as this one, so it can keep every running sequence's context."""
-        return spec.proposer(self.config, max_model_len=self.max_model_len, num_blocks=self.kv_cache.num_blocks,
-                             vocab_size=self.model_config.vocab_size, tokenizer=self.tokenizer)
+        return make_proposer(spec, self.config, max_model_len=self.max_model_len, num_blocks=self.kv_cache.num_blocks,
+                             vocab_size=self.model_config.vocab_size, tokenizer=self.tokenizer,
+                             new_engine=functools.partial(LLMEngine, exit_on_rank_failure=False))
 
     def close(self, *, force: bool = False) -> None:
         """Stop the tensor-parallel workers: they finish and exit 0. `force` kills them instead (the step loop

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from chunkpilot.engine.proposers import Proposer
 
 from chunkpilot.engine.block_manager import BlockManager
+from chunkpilot.engine.config import SchedulerConfig
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -85,13 +86,6 @@ class RunnerOutput:
     # request_id -> the accepted drafts and one token of the model's own, for every decode with drafts
     verified: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
-
-
-@dataclass
-class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_model_len: int = 2048
-    eos_token_ids: tuple[int, ...] = ()
 
 
 class Scheduler:
