@@ -175,7 +175,7 @@ def test_a_draft_model_never_costs_the_models_requests(tmp_path):
     totals = counting(llm.engine)
     assert [o.token_ids for o in llm.generate(prompts, params)] == want
     assert totals["drafts"] > 0
-    proposer = llm.engine.scheduler.proposer
+    proposer = llm.engine.proposer
     step, calls = proposer.engine.step, []
 
     def fails_once():

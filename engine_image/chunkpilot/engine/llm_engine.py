@@ -24,6 +24,7 @@ from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.model_config import ModelConfig
 from chunkpilot.engine.outputs import RequestOutput, TokenLogprob
+from chunkpilot.engine.proposers import propose_drafts
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.draft_cost import RowCost
 from chunkpilot.engine.scheduler import MIN_ACCEPTANCE, Scheduler, SchedulerConfig
@@ -109,7 +110,8 @@ class LLMEngine:
             self.kv_cache.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
         spec = config.speculative_config
-        proposer = self._proposer(spec) if spec else None
+        # drafts for the next step, guessed after each step (propose_drafts) and handed to the scheduler
+        self.proposer = proposer = self._proposer(spec) if spec else None
         if proposer is not None:
             # a draft model's weights and KV pool share this device: what is left for activations is read once
             # they are loaded, or a budget pushed up to the bound runs the device out of memory mid-step
@@ -122,7 +124,7 @@ class LLMEngine:
         eos = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs,
-            proposer, spec.num_speculative_tokens if spec else 0, spec.disable_by_batch_size if spec else None,
+            spec.num_speculative_tokens if spec else 0, spec.disable_by_batch_size if spec else None,
         )
 
     def _proposer(self, spec):
@@ -301,6 +303,9 @@ class LLMEngine:
             self._draft_threshold(sched)
         for seq in self.scheduler.update(sched, result):
             outputs.append(self._advance(seq, result.logprobs.get(seq.request_id)))
+        if self.proposer is not None:
+            # after _advance: a stop string may have cut a sequence's tokens or finished it
+            propose_drafts(self.scheduler, self.proposer)
         return outputs
 
     def _draft_threshold(self, sched) -> None:
