@@ -1,11 +1,12 @@
 """Speculative decoding's proposer, built from its settings (`SpeculativeConfig`, which lives with the other
 settings in config.py and is importable from here too).
 
-The step loop does the rest (scheduler.py, model_runner.py, sampler.py): a decode with k drafts is a chunk of 1 + k
-tokens that costs 1 + k tokens of the token budget, the model computes logits at every one of them, the sampler
-keeps the drafts the model agrees with (exactly for greedy requests, by rejection sampling for sampled ones, so
-the output distribution is the model's own) and adds one token of its own, and the KV slots of rejected drafts
-are given back.
+The step loop does the rest. After a step the engine has the proposer guess the drafts of every decode the
+scheduler will let draft and hands them to the scheduler (`propose_drafts` in proposers.py); in the next step a
+decode with k drafts is a chunk of 1 + k tokens that costs 1 + k tokens of the token budget (scheduler.py), the
+model computes logits at every one of them (model_runner.py), the sampler keeps the drafts the model agrees with
+(exactly for greedy requests, by rejection sampling for sampled ones, so the output distribution is the model's
+own) and adds one token of its own (sampler.py), and the KV slots of rejected drafts are given back.
 """
 
 from __future__ import annotations
