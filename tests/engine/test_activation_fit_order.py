@@ -15,7 +15,7 @@ from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.engine import EngineConfig
 from chunkpilot.engine.activation_memory import (CUDA_RESERVE_BYTES, activation_bytes_per_token, cuda_headroom,
                                                  max_token_budget)
-from chunkpilot.engine.llm_engine import LLMEngine
+from chunkpilot.engine import llm_engine
 from chunkpilot.engine.model_config import ModelConfig
 from chunkpilot.engine.speculative import SpeculativeConfig
 
@@ -56,9 +56,14 @@ class DraftOnFakeGPU(SpeculativeConfig):
 
     gpu: FakeGPU | None = None
 
-    def proposer(self, target, **kwargs):
-        proposer = super().proposer(target, **kwargs)
-        self.gpu.hold(sum(m.weight_bytes + m.kv_cache_bytes for m in proposer.engine.rank_memory))
+
+class LLMEngine(llm_engine.LLMEngine):
+    """The engine, whose draft model (a DraftOnFakeGPU) holds its memory on the stand-in as it loads."""
+
+    def _proposer(self, spec):
+        proposer = super()._proposer(spec)
+        if isinstance(spec, DraftOnFakeGPU):
+            spec.gpu.hold(sum(m.weight_bytes + m.kv_cache_bytes for m in proposer.engine.rank_memory))
         return proposer
 
 

@@ -142,6 +142,10 @@ def test_greedy_with_a_draft_model_equals_transformers(smollm2_dir, truncated_dr
         llm.engine.close()
 
 
+def refuse_to_load(config):
+    raise AssertionError("the tokenizers are compared before the draft model loads")
+
+
 def test_a_draft_model_with_another_tokenizer_is_refused(smollm2_dir, tmp_path):
     from chunkpilot.engine.config import EngineConfig
     from chunkpilot.engine.draft_model import DraftModelProposer
@@ -152,7 +156,7 @@ def test_a_draft_model_with_another_tokenizer_is_refused(smollm2_dir, tmp_path):
     other = make_checkpoint(tmp_path / "tiny", "llama")
     with pytest.raises(ValueError, match="must share its target's tokenizer"):
         DraftModelProposer(str(other), EngineConfig(model=smollm2_dir), max_model_len=512, num_blocks=64,
-                           vocab_size=49152, tokenizer=Tokenizer(smollm2_dir))
+                           vocab_size=49152, tokenizer=Tokenizer(smollm2_dir), new_engine=refuse_to_load)
 
 
 def test_a_draft_model_never_costs_the_models_requests(tmp_path):
@@ -171,7 +175,7 @@ def test_a_draft_model_never_costs_the_models_requests(tmp_path):
     totals = counting(llm.engine)
     assert [o.token_ids for o in llm.generate(prompts, params)] == want
     assert totals["drafts"] > 0
-    proposer = llm.engine.scheduler.proposer
+    proposer = llm.engine.proposer
     step, calls = proposer.engine.step, []
 
     def fails_once():

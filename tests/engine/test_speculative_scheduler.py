@@ -1,6 +1,6 @@
 """Speculative decoding in the step loop without a model: the scheduler, the block manager and the fake runner
-(which checks every position it reads back from its simulated KV pool). Drafts come from a proposer that is right,
-partly right or wrong at random, so every mix of accepts and rejects, stops, preemptions and prefix-cache hits
+(which checks every position it reads back from its simulated KV pool). Drafts are guessed after each step, as
+the engine guesses them (`propose_drafts`), by a proposer that is right, partly right or wrong at random, so every mix of accepts and rejects, stops, preemptions and prefix-cache hits
 occurs; greedy output must equal the output without drafts, and the pool's accounting must stay exact."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.proposers import propose_drafts
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import Sequence
@@ -71,8 +72,8 @@ def test_any_mix_of_accepts_and_rejects_keeps_output_and_kv_accounting_exact(
     budget = max(budget, max_num_seqs)
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
     knobs = KnobHolder(SchedulerKnobs(budget, min(8, budget)), min_token_budget=max_num_seqs)
-    sched = Scheduler(SchedulerConfig(max_num_seqs, num_blocks * block_size, (7,)), bm, knobs,  # EOS 7
-                      RandomProposer(random.Random(seed)), k)
+    sched = Scheduler(SchedulerConfig(max_num_seqs, num_blocks * block_size, (7,)), bm, knobs, k)  # EOS 7
+    proposer = RandomProposer(random.Random(seed))
     runner = FakeRunner(num_blocks * block_size, block_size, VOCAB)
     # a repeated prompt shares prefix blocks with the first
     prompts = prompts + [prompts[0]]
@@ -93,6 +94,7 @@ def test_any_mix_of_accepts_and_rejects_keeps_output_and_kv_accounting_exact(
         assert all(not c.draft_token_ids for c in out.chunks[out.num_decodes:])
         drafted += out.num_draft_tokens
         sched.update(out, runner.execute(out))
+        propose_drafts(sched, proposer)
         # the pool's accounting: every block held is counted once per holder, free ones by nobody
         held = held_blocks(sched)
         assert all(bm.ref_counts[b] >= n for b, n in held.items())
@@ -116,17 +118,45 @@ def test_drafts_come_out_of_the_budget_left_after_decodes_and_before_prompts():
         def propose(self, token_ids, k):
             return [1] * k
 
-    sched = Scheduler(SchedulerConfig(2, 256, ()), bm, knobs, Always(), 4)
+    sched = Scheduler(SchedulerConfig(2, 256, ()), bm, knobs, 4)
     runner = FakeRunner(256, 4, VOCAB)
     a = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=50, temperature=0.0))
     sched.add(a)
     out = sched.schedule()
     sched.update(out, runner.execute(out))  # a's prompt done
+    propose_drafts(sched, Always())
     sched.add(Sequence("b", list(range(1, 20)), SamplingParams(max_tokens=5, temperature=0.0)))
     out = sched.schedule()
     # a: 1 + 4 drafts = 5 of the 8; b's prompt chunk gets the 3 left
     assert [(c.seq.request_id, c.num_tokens, len(c.draft_token_ids)) for c in out.chunks] == [("a", 5, 4), ("b", 3, 0)]
     assert out.num_decodes == 1 and out.num_draft_tokens == 4 and out.num_prefill_tokens == 3
+
+
+def test_the_scheduler_budgets_the_drafts_it_is_handed_for_one_step():
+    """Drafting is beside the scheduler, not in it: `draft_requests` names the decodes that may draft next step and
+    the most each may take, and `schedule` budgets what it was handed, cut to the budget, for that step only."""
+    bm = BlockManager(64, 4)
+    knobs = KnobHolder(SchedulerKnobs(4, 4), min_token_budget=2)
+    sched = Scheduler(SchedulerConfig(2, 256, ()), bm, knobs, 4)
+    runner = FakeRunner(256, 4, VOCAB)
+    a = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=50, temperature=0.0))
+    b = Sequence("b", [4], SamplingParams(max_tokens=50, temperature=0.0, logprobs=1))
+    sched.add(a)
+    sched.add(b)
+    assert sched.draft_requests() == []  # prompts: nobody decodes yet
+    out = sched.schedule()
+    sched.update(out, runner.execute(out))
+    assert sched.draft_requests() == [(a, 4)]  # b asks for logprobs: no drafts
+    right = reference_output([1, 2, 3], 5, VOCAB)[1:]
+    sched.update_draft_token_ids({"a": right[:4], "b": [9]}, seconds=0.25)
+    out = sched.schedule()
+    # a: 1 + the 2 drafts the budget leaves after b's decode; b's handed drafts are not its to take
+    assert [(c.seq.request_id, len(c.draft_token_ids)) for c in out.chunks] == [("a", 2), ("b", 0)]
+    assert out.num_tokens == 4 and out.draft_seconds == 0.25
+    sched.update(out, runner.execute(out))
+    out = sched.schedule()  # nothing handed for this step: none left over from the last
+    assert out.num_draft_tokens == 0 and out.draft_seconds == 0.0
+    assert a.output_token_ids[:4] == reference_output([1, 2, 3], 4, VOCAB)
 
 
 def drafting_calls(propose, max_tokens: int, k: int, threshold: float | None = None) -> int:
@@ -140,7 +170,7 @@ def drafting_calls(propose, max_tokens: int, k: int, threshold: float | None = N
             return propose(token_ids, room)
 
     sched = Scheduler(SchedulerConfig(1, 512, ()), BlockManager(64, 4), KnobHolder(SchedulerKnobs(16, 8),
-                                                                                    min_token_budget=1), Counted(), k)
+                                                                                    min_token_budget=1), k)
     if threshold is not None:
         sched.min_acceptance = threshold
     runner = FakeRunner(256, 4, VOCAB)
@@ -149,6 +179,7 @@ def drafting_calls(propose, max_tokens: int, k: int, threshold: float | None = N
     while sched.has_work:
         out = sched.schedule()
         sched.update(out, runner.execute(out))
+        propose_drafts(sched, Counted())
     assert s.output_token_ids == reference_output([1, 2, 3], max_tokens, VOCAB)
     return len(calls)
 
@@ -172,24 +203,29 @@ def test_drafts_take_blocks_last_and_never_preempt():
         def propose(self, token_ids, k):
             return [1] * k
 
-    sched = Scheduler(SchedulerConfig(2, 64, ()), bm, knobs, Always(), 4)
+    sched = Scheduler(SchedulerConfig(2, 64, ()), bm, knobs, 4)
+    proposer = Always()
     runner = FakeRunner(12, 4, VOCAB)
     a = Sequence("a", [1, 2], SamplingParams(max_tokens=4, temperature=0.0))
     sched.add(a)
     out = sched.schedule()
     sched.update(out, runner.execute(out))  # a: decoding, one block
+    propose_drafts(sched, proposer)
     b = Sequence("b", list(range(3, 11)), SamplingParams(max_tokens=1, temperature=0.0))
     sched.add(b)
     out = sched.schedule()  # b's first 4 tokens take a block; a's drafts the last one, taken after b's
     sched.update(out, runner.execute(out))  # a's drafts (never the model's) rejected: their block given back
+    propose_drafts(sched, proposer)
     out = sched.schedule()  # b's next 4 tokens need the one free block, which a's drafts would want too
     chunks = {c.seq.request_id: c for c in out.chunks}
     assert not out.preempted and chunks["b"].num_tokens == 4
     assert chunks["a"].draft_token_ids == [] and chunks["a"].num_tokens == 1
     sched.update(out, runner.execute(out))
+    propose_drafts(sched, proposer)
     while sched.has_work:
         out = sched.schedule()
         sched.update(out, runner.execute(out))
+        propose_drafts(sched, proposer)
     assert a.output_token_ids == reference_output([1, 2], 4, VOCAB)
     assert b.output_token_ids == reference_output(list(range(3, 11)), 1, VOCAB)
     assert bm.num_free_blocks == 3

@@ -1,15 +1,75 @@
-"""Engine settings, validated once at start-up."""
+"""Engine settings, validated once at start-up: every settings type of the engine lives here.
+
+The bottom of the engine: every module may read its settings from here, so this one imports nothing of the engine
+above it (tests/engine/test_layers.py holds it to that)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.contract.knobs import SchedulerKnobs
-from chunkpilot.engine.speculative import SpeculativeConfig
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+SPECULATIVE_METHODS = defaults.SPECULATIVE_METHODS
+MAX_SPECULATIVE_TOKENS = defaults.MAX_SPECULATIVE_TOKENS
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding's settings (vLLM's `--speculative-config`): which proposer drafts tokens and how many a
+    decode may verify in one step (speculative.py builds the proposer from them)."""
+
+    method: str = "ngram"  # or "draft_model": a smaller model with the same tokenizer (draft_model.py)
+    model: str | None = None  # the draft model's folder (vLLM's field; setting it alone means draft_model)
+    num_speculative_tokens: int = defaults.NUM_SPECULATIVE_TOKENS
+    prompt_lookup_min: int = defaults.PROMPT_LOOKUP[0]  # the n-gram lookup's shortest and longest context
+    prompt_lookup_max: int = defaults.PROMPT_LOOKUP[1]
+    # no drafts in a step with more decodes than this (vLLM's name): verification rows cost more in larger
+    # batches, where a text that does not repeat itself can make drafting a loss; None: never
+    disable_by_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError('speculative method draft_model needs "model": the draft model\'s folder, a smaller '
+                             "model with the same tokenizer")
+        if self.method != "draft_model" and self.model:
+            raise ValueError(f'speculative "model" is for method draft_model, not {self.method!r}: drop one of them')
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        if self.disable_by_batch_size is not None and (not isinstance(self.disable_by_batch_size, int)
+                                                       or self.disable_by_batch_size < 1):
+            raise ValueError(f"disable_by_batch_size must be an integer >= 1 or null, got {self.disable_by_batch_size!r}")
+        if not (isinstance(self.prompt_lookup_min, int) and isinstance(self.prompt_lookup_max, int)
+                and 1 <= self.prompt_lookup_min <= self.prompt_lookup_max):
+            raise ValueError(f"prompt_lookup_min and prompt_lookup_max must be integers with 1 <= min <= max, got "
+                             f"{self.prompt_lookup_min!r} and {self.prompt_lookup_max!r}")
+
+    @classmethod
+    def parse(cls, text: str | dict | None) -> "SpeculativeConfig | None":
+        """vLLM's JSON form, e.g. '{"method": "ngram", "num_speculative_tokens": 3}'; None, "" or "none": off."""
+        if text is None or (isinstance(text, str) and text.strip().lower() in ("", "none")):
+            return None
+        if isinstance(text, str):
+            try:
+                text = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative config must be JSON such as '{{\"method\": \"ngram\", "
+                                 f"\"num_speculative_tokens\": 3}}': {e}") from None
+        if not isinstance(text, dict):
+            raise ValueError("speculative config must be a JSON object")
+        unknown = set(text) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"speculative config: unknown field(s) {', '.join(sorted(unknown))}; known: "
+                             f"{', '.join(cls.__dataclass_fields__)}")
+        if text.get("model") and "method" not in text:
+            text = {**text, "method": "draft_model"}  # as vLLM: a draft model named is the method
+        return cls(**text)
 
 
 @dataclass
@@ -43,7 +103,8 @@ class EngineConfig:
     tensor_parallel_join_timeout: float = 1800.0
     # Weight-only quantization of the linear layers at load time (quantization.py): int8 | int4 (CPU) | fp8 (CUDA)
     quantization: str | None = setting_default("quantization")
-    # Speculative decoding (speculative.py): vLLM's --speculative-config, as JSON or parsed; None: off
+    # Speculative decoding (SpeculativeConfig above; speculative.py builds its proposer): vLLM's
+    # --speculative-config, as JSON or parsed; None: off
     speculative_config: SpeculativeConfig | str | dict | None = setting_default("speculative_config")
     # Compile the forward of small steps (decodes) with torch.compile at start-up (compiled_forward.py); CPU only
     compile: bool = setting_default("compile")
@@ -80,3 +141,13 @@ class EngineConfig:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:
             raise ValueError(f"gpu_memory_utilization must be in [0.05, 0.99], got {self.gpu_memory_utilization}")
+
+
+@dataclass
+class SchedulerConfig:
+    """What the scheduler is given at start-up beside its knobs: derived from EngineConfig and the model (the
+    engine's context length, its EOS ids), or set directly where the simulator drives the scheduler."""
+
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    eos_token_ids: tuple[int, ...] = ()

@@ -1,12 +1,13 @@
 """A draft model as speculative decoding's proposer (vLLM's `draft_model` method): a smaller model with the
 target's tokenizer writes the next k tokens of every drafting sequence greedily, and the target verifies them.
 
-The draft model runs in an engine of its own (LLMEngine: its paged KV cache, its scheduler, its prefix cache), in
-this process and on this process's device. Each step the drafting sequences go in as prompts (their tokens so far)
-with max_tokens k: the prefix cache holds every full block of a sequence's context from the step before, so only
-the last partial block and the tokens accepted since are computed again, then k - 1 decode steps, batched over
-the sequences. Its pool has as many blocks as the target's, so it can keep every running sequence's context (the
-blocks are smaller: the draft has fewer layers or narrower ones).
+The draft model runs in an engine of its own (an LLMEngine, built by the target engine's `new_engine`: its paged KV
+cache, its scheduler, its prefix cache), in this process and on this process's device. Each step the drafting
+sequences go in as prompts (their tokens so far) with max_tokens k: the prefix cache holds every full block of a
+sequence's context from the step before, so only the last partial block and the tokens accepted since are
+computed again, then k - 1 decode steps, batched over the sequences. Its pool has as many blocks as the target's,
+so it can keep every running sequence's context (the blocks are smaller: the draft has fewer layers or narrower
+ones).
 
 Drafts are the draft model's greedy choices, one guess each: verification treats them as certain (as for the
 n-gram lookup), which keeps the target's own distribution for sampled requests too (sampler.py).
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any, Protocol
 
 from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.sampling_params import SamplingParams
@@ -26,11 +28,23 @@ from chunkpilot.engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 
+class DraftEngine(Protocol):
+    """What the proposer uses of the engine that runs the draft model (an LLMEngine)."""
+
+    max_model_len: int
+    model_config: Any  # its vocab_size
+
+    def make_sequence(self, request_id: str, prompt: list[int], params: SamplingParams) -> Any: ...
+    def submit(self, seq: Any) -> None: ...
+    def step(self) -> list[Any]: ...
+    def abort(self, request_id: str) -> None: ...
+    def has_unfinished(self) -> bool: ...
+
+
 class DraftModelProposer:
     def __init__(self, model: str, target: EngineConfig, *, max_model_len: int, num_blocks: int, vocab_size: int,
-                 tokenizer: Tokenizer) -> None:
-        from chunkpilot.engine.llm_engine import LLMEngine  # the engine builds its proposer: import at call time
-
+                 tokenizer: Tokenizer, new_engine: Callable[[EngineConfig], DraftEngine]) -> None:
+        # the tokenizers are compared before the draft's weights load: a wrong draft is refused in a moment
         draft_tokenizer = Tokenizer(model)
         if draft_tokenizer.vocab() != tokenizer.vocab():
             raise ValueError(f"the draft model {model} has another tokenizer than the model it drafts for (their "
@@ -41,7 +55,7 @@ class DraftModelProposer:
             # the target's start-up budget: a budget that fits the target's activations fits the smaller draft's
             max_token_budget=None,
         )
-        self.engine = LLMEngine(config, exit_on_rank_failure=False)
+        self.engine = new_engine(config)
         # Two models may share a tokenizer and not their embedding sizes (padding rows): a draft id beyond the
         # target's could not be verified, and a prompt id beyond the draft's cannot be drafted for.
         self.vocab_size = vocab_size

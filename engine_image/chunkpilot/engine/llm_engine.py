@@ -7,6 +7,7 @@ so the step loop (and the scheduler it owns) stays single-threaded.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import logging
 import queue
@@ -23,9 +24,11 @@ from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.model_config import ModelConfig
 from chunkpilot.engine.outputs import RequestOutput, TokenLogprob
+from chunkpilot.engine.proposers import propose_drafts
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.draft_cost import RowCost
 from chunkpilot.engine.scheduler import MIN_ACCEPTANCE, Scheduler, SchedulerConfig
+from chunkpilot.engine.speculative import make_proposer
 from chunkpilot.engine.sequence import FinishReason, Sequence
 from chunkpilot.contract.step_cost import step_features
 from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -107,7 +110,8 @@ class LLMEngine:
             self.kv_cache.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
         spec = config.speculative_config
-        proposer = self._proposer(spec) if spec else None
+        # drafts for the next step, guessed after each step (propose_drafts) and handed to the scheduler
+        self.proposer = proposer = self._proposer(spec) if spec else None
         if proposer is not None:
             # a draft model's weights and KV pool share this device: what is left for activations is read once
             # they are loaded, or a budget pushed up to the bound runs the device out of memory mid-step
@@ -120,14 +124,15 @@ class LLMEngine:
         eos = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs,
-            proposer, spec.num_speculative_tokens if spec else 0, spec.disable_by_batch_size if spec else None,
+            spec.num_speculative_tokens if spec else 0, spec.disable_by_batch_size if spec else None,
         )
 
     def _proposer(self, spec):
         """A draft model gets its own engine on this process's device (rank 0's under tensor parallelism), with
         as many KV blocks as this one, so it can keep every running sequence's context."""
-        return spec.proposer(self.config, max_model_len=self.max_model_len, num_blocks=self.kv_cache.num_blocks,
-                             vocab_size=self.model_config.vocab_size, tokenizer=self.tokenizer)
+        return make_proposer(spec, self.config, max_model_len=self.max_model_len, num_blocks=self.kv_cache.num_blocks,
+                             vocab_size=self.model_config.vocab_size, tokenizer=self.tokenizer,
+                             new_engine=functools.partial(LLMEngine, exit_on_rank_failure=False))
 
     def close(self, *, force: bool = False) -> None:
         """Stop the tensor-parallel workers: they finish and exit 0. `force` kills them instead (the step loop
@@ -298,6 +303,9 @@ class LLMEngine:
             self._draft_threshold(sched)
         for seq in self.scheduler.update(sched, result):
             outputs.append(self._advance(seq, result.logprobs.get(seq.request_id)))
+        if self.proposer is not None:
+            # after _advance: a stop string may have cut a sequence's tokens or finished it
+            propose_drafts(self.scheduler, self.proposer)
         return outputs
 
     def _draft_threshold(self, sched) -> None:

@@ -4,6 +4,9 @@ One small interface, so that the n-gram lookup here and a draft model (draft_mod
 of (tokens so far, how many drafts at most) in, one list of drafts per entry out. It is a batch because a draft
 model drafts for every decode of the step at once.
 
+Drafting happens between steps (`propose_drafts`): after a step's tokens are appended, the proposer guesses for
+every decode the scheduler will let draft, and the scheduler is handed the guesses to budget in the next step.
+
 `NgramProposer` is prompt-lookup decoding (vLLM's `ngram` method): find an earlier place where the sequence's last
 n tokens occurred (the longest n from `max_n` down to `min_n`) and propose the tokens that followed it there. It
 costs no model and pays off where outputs repeat their input: summaries, edits, code that quotes its context.
@@ -11,6 +14,7 @@ costs no model and pays off where outputs repeat their input: summaries, edits, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -18,12 +22,31 @@ from typing import Protocol
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from chunkpilot.engine.scheduler import Scheduler
+
 
 class Proposer(Protocol):
     def propose_batch(self, requests: list[tuple[Sequence[int], int]]) -> list[list[int]]:
         """For each (token_ids, k): up to k draft tokens to follow `token_ids` (prompt and output so far); [] when
         there is no guess. Drafts are one guess each (no distribution): verification treats them as certain."""
         ...
+
+
+def propose_drafts(scheduler: "Scheduler", proposer: Proposer) -> None:
+    """After a step (its tokens appended, stop strings applied): ask `proposer` for the drafts of every decode that
+    `scheduler` lets draft next step, and hand them to it with the time they took, a part of what drafting costs
+    (a draft model's forwards)."""
+    wanted = scheduler.draft_requests()
+    if not wanted:
+        scheduler.update_draft_token_ids({})
+        return
+    t0 = time.perf_counter()
+    proposed = proposer.propose_batch([(seq.token_ids, k) for seq, k in wanted])
+    # a proposer that returns more than asked must not overrun the budget
+    drafts = {seq.request_id: list(ids[:k]) for (seq, k), ids in zip(wanted, proposed)}
+    scheduler.update_draft_token_ids(drafts, time.perf_counter() - t0)
 
 
 @dataclass(frozen=True)

@@ -4,27 +4,28 @@ Each step: one token for every running decode first, then the rest of `token_bud
 `max_chunk` tokens, first come first served; a prompt that does not fit continues next step. When KV blocks run
 out, the newest running sequence is preempted and later recomputed (vLLM's recompute policy).
 
-With speculative decoding on (speculative.py), a decode may carry draft tokens from the proposer: they come out of
-the budget left after every decode has its one token and before any prompt chunk, so the stall-free rule holds
-(decodes first, each at least one token, the step within its budget); a decode with k drafts costs 1 + k tokens.
-Drafts never preempt anyone: their KV blocks are taken last, after the prompts' chunks have theirs, and a decode
-keeps only the drafts that fit in what is left. After the step the sequence keeps
-the drafts the sampler accepted and one token of the model's own, and gives back the blocks only rejected drafts
-used.
+With speculative decoding on (speculative.py), a decode may carry draft tokens. The scheduler does not draft: after
+a step the engine asks `draft_requests()` which decodes may draft next step and how many tokens each at most, has
+the proposer guess them, and hands the guesses back with `update_draft_token_ids()` (as vLLM's scheduler is handed
+its drafts). The next `schedule()` only budgets what it was handed: drafts come out of the budget left after every
+decode has its one token and before any prompt chunk, so the stall-free rule holds (decodes first, each at least
+one token, the step within its budget); a decode with k drafts costs 1 + k tokens, and its drafts are cut to what
+the budget leaves. Drafts never preempt anyone: their KV blocks are taken last, after the prompts' chunks have
+theirs, and a decode keeps only the drafts that fit in what is left. After the step the sequence keeps the drafts
+the sampler accepted and one token of the model's own, and gives back the blocks only rejected drafts used.
 
-The scheduler never touches tensors. It hands the runner a `SchedulerOutput` and takes back a `RunnerOutput`, so
-tests and the simulator drive it without a model.
+The scheduler never touches tensors nor runs a proposer. It hands the runner a `SchedulerOutput` and takes back a
+`RunnerOutput`, so tests and the simulator drive it without a model.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from chunkpilot.engine.proposers import Proposer
-
 from chunkpilot.engine.block_manager import BlockManager
+from chunkpilot.engine.config import SchedulerConfig
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -60,7 +61,9 @@ class SchedulerOutput:
     knobs: SchedulerKnobs
     num_decodes: int = 0
     preempted: list[str] = field(default_factory=list)
-    draft_seconds: float = 0.0  # the proposer's time for this step (a draft model's forwards): part of its cost
+    # the proposer's time for this step's drafts (a draft model's forwards, run after the step before): part of
+    # what drafting costs this step
+    draft_seconds: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -87,23 +90,17 @@ class RunnerOutput:
     logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
 
 
-@dataclass
-class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_model_len: int = 2048
-    eos_token_ids: tuple[int, ...] = ()
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, knobs: KnobHolder,
-                 proposer: Proposer | None = None, num_speculative_tokens: int = 0,
-                 disable_drafts_above: int | None = None) -> None:
+                 num_speculative_tokens: int = 0, disable_drafts_above: int | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
         self.knobs = knobs
-        self.proposer = proposer if num_speculative_tokens > 0 else None
         self.num_speculative_tokens = num_speculative_tokens
         self.disable_drafts_above = disable_drafts_above
+        # request_id -> the drafts handed in for the next step, and the proposer's time for them; one step's only
+        self._drafts: dict[str, list[int]] = {}
+        self._draft_seconds = 0.0
         # the share of a sequence's drafts that must be kept for it to go on drafting, for the step being
         # verified; the engine raises it to the step's measured break-even (draft_cost.py)
         self.min_acceptance = MIN_ACCEPTANCE
@@ -155,10 +152,10 @@ class Scheduler:
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
             scheduled.add(id(seq))
             budget -= 1
-        if self.proposer is not None and budget > 0:
-            t0 = time.perf_counter()
-            budget -= self._draft(out.chunks, budget)
-            out.draft_seconds = time.perf_counter() - t0
+        drafts, self._drafts = self._drafts, {}
+        out.draft_seconds, self._draft_seconds = self._draft_seconds, 0.0
+        if self.num_speculative_tokens > 0 and budget > 0:
+            budget -= self._take_drafts(out.chunks, budget, drafts)
         out.num_decodes = len(out.chunks)
         decodes = list(out.chunks)
 
@@ -195,7 +192,7 @@ class Scheduler:
         #    Preempting the newest guarantees the oldest can finish (the pool holds one max-length sequence).
         if not out.chunks and self.running and len(self.running) > 1:
             self._preempt(self.running[-1], out)
-        if self.proposer is not None:
+        if self.num_speculative_tokens > 0:
             self._place_drafts(decodes)
         return out
 
@@ -223,44 +220,71 @@ class Scheduler:
                 self._finish(seq, reason)
         return touched
 
+    # ---- drafts, between steps -------------------------------------------------------------------------
+    def draft_requests(self) -> list[tuple[Sequence, int]]:
+        """The running decodes that may draft in the next step, oldest first, each with the most drafts it may take
+        (the next step's budget may cut them further). None while speculative decoding is off or more decodes run
+        than `disable_drafts_above`: the proposer's work would be thrown away. (A batch that an abort or a
+        preemption shrinks to the bound before the next step drafts from the step after.) A paused sequence is
+        left out; the next step counts its pause down."""
+        if self.num_speculative_tokens <= 0:
+            return []
+        decodes = [s for s in self.running if s.status is SequenceStatus.RUNNING and s.is_decoding]
+        if self.disable_drafts_above is not None and len(decodes) > self.disable_drafts_above:
+            return []
+        wanted = []
+        for seq in decodes:
+            if self._may_draft(seq) and seq.drafts_paused == 0:
+                room = self._draft_room(seq)
+                if room > 0:
+                    wanted.append((seq, room))
+        return wanted
+
+    def update_draft_token_ids(self, drafts: Mapping[str, list[int]], seconds: float = 0.0) -> None:
+        """Hand in the drafts for the next step (request_id -> draft ids), and the proposer's time for them (the
+        step's `draft_seconds`). They hold for the next `schedule()` only."""
+        self._drafts = {rid: list(ids) for rid, ids in drafts.items() if ids}
+        self._draft_seconds = seconds
+
+    def _may_draft(self, seq: Sequence) -> bool:
+        if seq.params.logprobs is not None:  # per-token logprobs of verified runs are not reported yet
+            return False
+        # a seeded request's tokens must not depend on its batch; whether it gets drafts does (the budget and
+        # blocks others leave), and verification draws from its generator differently
+        return seq.params.seed is None or seq.params.greedy
+
+    def _draft_room(self, seq: Sequence) -> int:
+        return min(self.num_speculative_tokens,
+                   seq.params.max_tokens - len(seq.output_token_ids) - 1,  # the model adds one of its own
+                   self.config.max_model_len - len(seq) - 1)
+
     # ---- internals --------------------------------------------------------------------------------------
-    def _draft(self, decodes: list[ScheduledChunk], budget: int) -> int:
-        """Give decodes draft tokens, oldest first, out of `budget`; returns the tokens used. Each decode's room is
-        set aside before the proposer runs (it drafts for the whole batch at once): a decode the proposer has no
-        guess for leaves its room unused this step."""
+    def _take_drafts(self, decodes: list[ScheduledChunk], budget: int, drafts: Mapping[str, list[int]]) -> int:
+        """Give this step's decodes the drafts handed in for them, oldest first, out of `budget`; returns the tokens
+        used. Each decode that may draft sets aside its room (its most drafts, within what is left) whether or not
+        it was handed that many: how the budget is split between the decodes depends on the batch alone, not on
+        which of them the proposer had guesses for."""
         if self.disable_drafts_above is not None and len(decodes) > self.disable_drafts_above:
             return 0
-        asked: list[tuple[ScheduledChunk, int]] = []
-        left = budget
+        used, left = 0, budget
         for chunk in decodes:
             seq = chunk.seq
             if left <= 0:
                 break
-            if seq.params.logprobs is not None:  # per-token logprobs of verified runs are not reported yet
-                continue
-            if seq.params.seed is not None and not seq.params.greedy:
-                # a seeded request's tokens must not depend on its batch; whether it gets drafts does (the budget
-                # and blocks others leave), and verification draws from its generator differently
+            if not self._may_draft(seq):
                 continue
             if seq.drafts_paused > 0:
                 seq.drafts_paused -= 1
                 continue
-            room = min(self.num_speculative_tokens, left,
-                       seq.params.max_tokens - len(seq.output_token_ids) - 1,  # the model adds one of its own
-                       self.config.max_model_len - len(seq) - 1)
-            if room > 0:
-                asked.append((chunk, room))
-                left -= room
-        if not asked:
-            return 0
-        proposed = self.proposer.propose_batch([(c.seq.token_ids, room) for c, room in asked])
-        used = 0
-        for (chunk, room), drafts in zip(asked, proposed):
-            drafts = list(drafts[:room])  # a proposer that returns more than asked must not overrun the budget
-            if drafts:
-                chunk.draft_token_ids = drafts
-                chunk.num_tokens += len(drafts)
-                used += len(drafts)
+            room = min(self._draft_room(seq), left)
+            if room <= 0:
+                continue
+            left -= room
+            taken = drafts.get(seq.request_id, [])[:room]
+            if taken:
+                chunk.draft_token_ids = list(taken)
+                chunk.num_tokens += len(taken)
+                used += len(taken)
         return used
 
     def _place_drafts(self, decodes: list[ScheduledChunk]) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from chunkpilot.contract import step_cost
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.proposers import propose_drafts
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.scheduler import RunnerOutput, Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import Sequence
@@ -66,8 +67,8 @@ class Simulator:
         self._accept_rng = random.Random(speculative.seed if speculative else 0)
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len),
                                    BlockManager(num_blocks, block_size, enable_prefix_caching=False), self.holder,
-                                   speculative.proposer() if speculative else None,
                                    speculative.num_speculative_tokens if speculative else 0)
+        self.proposer = speculative.proposer() if speculative else None
         self.now = 0.0
         self.pending = deque(sorted(requests, key=lambda r: r.arrival))
         self.records: list[RequestRecord] = []
@@ -153,6 +154,8 @@ class Simulator:
                 if seq.is_finished:
                     rec.end = self.now
                     del self._live[seq.request_id]
+            if self.proposer is not None:  # as the engine: drafts for the next step, guessed after this one
+                propose_drafts(self.scheduler, self.proposer)
 
     def _kept(self, drafts: list[int]) -> list[int]:
         rng, p = self._accept_rng, self.speculative.acceptance
