@@ -3,8 +3,9 @@ just measured."""
 
 from __future__ import annotations
 
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner import policy
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets, Window
+from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.policy import Advise, Exploit, Explore, Keep, Memory, Outcome, Reopen, Settle
 
 SLO = SLOTargets(ttft=LatencyTarget(0.99, 2.0), itl=LatencyTarget(0.99, 0.1))

@@ -45,7 +45,6 @@ from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.config import TuningConfig, build_loop
 from chunkpilot.tuner.interfaces import ReplicaCount
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.metrics import TunerMetrics
 from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
 from chunkpilot.tuner.retry import Backoff
@@ -80,12 +79,9 @@ class ClusterConfig:
 def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig) -> TuningConfig:
     """The InferenceDeployment's spec → the loop's settings; raises ValidationError/ValueError on a bad spec."""
     s = InferenceDeploymentSpec.model_validate(spec)
-
-    def target(t):
-        return LatencyTarget(t.percentile, t.threshold_seconds) if t is not None else None
     if why := knob_refusal(s):
         raise ValueError(why)  # the operator's rule: the tuner holds what the operator refuses
-    slo = SLOTargets(ttft=target(s.slo.ttft), itl=target(s.slo.itl))
+    slo = s.slo.targets
     b, a = s.tuning.bounds, s.autoscaling
     fingerprint = hashlib.sha256(json.dumps({"slo": s.slo.model_dump(), "bounds": b.model_dump(),
                                              "objective": s.tuning.objective}, sort_keys=True).encode()).hexdigest()[:8]

@@ -34,12 +34,13 @@ import math
 import time
 from dataclasses import dataclass
 
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner import autoscale, guide, policy, reasons
 from chunkpilot.tuner.autoscale import ReplicaCoordinator, ScalingPolicy
 from chunkpilot.tuner.interfaces import Actuator, MeasurementUnavailable, Measurer, Publisher, Scaler
 from chunkpilot.tuner.predictor import predict
-from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, load_of, load_shift, slo_met, wide_breach
+from chunkpilot.tuner.measurement import Window, feasible, load_of, load_shift, slo_met, wide_breach
 from chunkpilot.tuner.policy import Outcome
 from chunkpilot.tuner.retry import Backoff
 from chunkpilot.tuner.space import Knobs, SearchSpace

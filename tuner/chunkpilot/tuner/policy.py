@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.tuner import reasons
-from chunkpilot.tuner.measurement import SLOTargets, Window, load_of, load_shift, slo_met, window_of
+from chunkpilot.tuner.measurement import Window, load_of, load_shift, slo_met, window_of
 
 
 class Outcome(StrEnum):

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chunkpilot.api.types import AutoscalingStatus, Condition, KnobsMeasurement, SLOStatus, TuningStatus
-from chunkpilot.tuner.measurement import SLOTargets, Window, slo_met
+from chunkpilot.contract.slo import SLOTargets
+from chunkpilot.tuner.measurement import Window, slo_met
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import Measured
 
@@ -113,9 +114,9 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
     ok = slo_met(w, slo)
     parts = []
     if slo.ttft is not None and w.ttft is not None:
-        parts.append(f"TTFT p{slo.ttft.percentile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
+        parts.append(f"TTFT p{slo.ttft.quantile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
     if slo.itl is not None and w.itl is not None:
-        parts.append(f"ITL p{slo.itl.percentile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
+        parts.append(f"ITL p{slo.itl.quantile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
     return [tuning, *scaling, Condition(type="SLOMet", status="True" if ok else "False",
                               reason="WithinSLO" if ok else "SLOBreached",
                               message=", ".join(parts) or "no latency measured")]
