@@ -339,6 +339,19 @@ def knob_refusal(spec: InferenceDeploymentSpec) -> str:
     return ""
 
 
+class ConditionType:
+    """The types of status.conditions, each with one writer: the operator sets Ready, Progressing and Degraded,
+    the tuner Tuning, Autoscaling and SLOMet (chunkpilot.kube.conditions replaces only the writer's own). Alerts,
+    dashboards and users' `kubectl wait --for=condition=...` match these strings: they are the API."""
+
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    TUNING = "Tuning"
+    AUTOSCALING = "Autoscaling"
+    SLO_MET = "SLOMet"
+
+
 class Condition(_Model):
     type: str = Field(..., description="Ready, Progressing, Degraded, Tuning or SLOMet.")
     status: Literal["True", "False", "Unknown"] = Field(..., description="Condition status.")

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import (InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus,
-                                  KnobsStatus, desired_knobs)
+from chunkpilot.api.types import (ConditionType, InferenceDeployment, InferenceDeploymentSpec,
+                                  InferenceDeploymentStatus, KnobsStatus, desired_knobs)
 from chunkpilot.operator import builders
 from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, owned_pods, ready_pods
 from chunkpilot.operator.pod_trouble import creating, engine_trouble, mount_trouble, starting
@@ -357,7 +357,7 @@ class Reconciler:
         """A Warning Event when a problem appears or changes; not again on every pass while it persists."""
         if problem is None:
             return
-        prev = condition(old_status, "Degraded") or {}
+        prev = condition(old_status, ConditionType.DEGRADED) or {}
         if prev.get("status") == "True" and prev.get("reason") == problem.reason and \
                 prev.get("message") == problem.message:
             return
