@@ -15,6 +15,7 @@ from kubernetes.client import ApiException
 
 from chunkpilot.api.types import GROUP
 from chunkpilot.kube.client import Kube
+from chunkpilot.kube.object_key import ObjectKey
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +29,15 @@ def drop_legacy_finalizers(kube: Kube, namespaces: list[str] | tuple[str, ...] =
     changed = []
     for obj in kube.list_inference_deployments(namespaces):
         meta = obj["metadata"]
-        finalizers = meta.get("finalizers") or []
+        key, finalizers = ObjectKey.from_meta(meta), meta.get("finalizers") or []
         if LEGACY_FINALIZER not in finalizers:
             continue
         try:
-            kube.remove_finalizer(meta["namespace"], meta["name"], LEGACY_FINALIZER, finalizers.index(LEGACY_FINALIZER))
+            kube.remove_finalizer(*key, LEGACY_FINALIZER, finalizers.index(LEGACY_FINALIZER))
         except ApiException as e:
             if e.status in (404, 409, 422):
-                log.warning("%s/%s: legacy finalizer not removed (%s %s)", meta["namespace"], meta["name"],
-                            e.status, e.reason)
+                log.warning("%s: legacy finalizer not removed (%s %s)", key, e.status, e.reason)
                 continue
             raise
-        changed.append(f"{meta['namespace']}/{meta['name']}")
+        changed.append(str(key))
     return changed
