@@ -124,7 +124,8 @@ def test_the_spec_slo_is_the_one_slo_type_every_part_judges_by():
 
     from chunkpilot.api.types import SLOSpec
 
-    spec = SLOSpec.model_validate({"ttft": {"percentile": 0.9, "thresholdSeconds": 2}, "itl": {"thresholdSeconds": 0.2}})
+    spec = SLOSpec.model_validate({"ttft": {"percentile": 0.9, "thresholdSeconds": 2},
+                                   "itl": {"thresholdSeconds": 0.2}})
     assert spec.targets == SLOTargets(ttft=LatencyTarget(0.9, 2.0), itl=LatencyTarget(DEFAULT_QUANTILE, 0.2))
     assert SLOSpec.model_validate({"itl": {"thresholdSeconds": 0.2}}).targets == SLOTargets.p99(itl=0.2)
     assert SLOSpec().targets == SLOTargets()

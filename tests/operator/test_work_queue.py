@@ -30,7 +30,8 @@ def test_an_object_key_is_read_from_metadata_in_one_way():
     key = ObjectKey.from_meta({"namespace": "ml", "name": "chat", "uid": "u-1"})
     assert key == ("ml", "chat") and hash(key) == hash(("ml", "chat")) and str(key) == "ml/chat"
     assert ObjectKey.from_meta({"name": "chat"}) == ObjectKey("default", "chat")
-    child = {"namespace": "ml", "name": "chat-engine", "ownerReferences": [{"kind": "InferenceDeployment", "name": "chat"}]}
+    child = {"namespace": "ml", "name": "chat-engine",
+             "ownerReferences": [{"kind": "InferenceDeployment", "name": "chat"}]}
     assert ObjectKey.of_owner(child, child["ownerReferences"][0]) == key
     namespace, name = key
     assert (namespace, name) == (key.namespace, key.name)

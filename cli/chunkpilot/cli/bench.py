@@ -85,7 +85,8 @@ def serve(
     if not specs:
         raise typer.BadParameter("the workload has no requests: raise --rate or --duration")
     result = run_benchmark(BenchmarkConfig(base_url, model, specs, concurrency=concurrency,
-                                           slo=SLOTargets.p99(ttft=slo_ttft, itl=slo_itl), api_key=api_key, label=label))
+                                           slo=SLOTargets.p99(ttft=slo_ttft, itl=slo_itl), api_key=api_key,
+                                           label=label))
     print_table(result)
     if out:
         write_json(result, out)

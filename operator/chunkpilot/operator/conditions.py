@@ -44,21 +44,23 @@ def deployment_conditions(deploy: dict | None, desired_replicas: int, generation
     replica_failure = by_type.get("ReplicaFailure", {})
 
     if deploy is None:
-        ready_c = _cond(ConditionType.READY, False, "NotCreated", "the engine Deployment does not exist yet", generation)
+        ready_c = _cond(ConditionType.READY, False, "NotCreated", "the engine Deployment does not exist yet",
+                        generation)
     elif desired_replicas == 0:
         ready_c = _cond(ConditionType.READY, True, "ScaledToZero", "replicas is 0", generation)
     elif ready >= desired_replicas:
-        ready_c = _cond(ConditionType.READY, True, "AllReplicasReady", f"{ready}/{desired_replicas} engine pods ready", generation)
+        ready_c = _cond(ConditionType.READY, True, "AllReplicasReady", f"{ready}/{desired_replicas} engine pods ready",
+                        generation)
     else:
         why = f": {problem.message}" if problem is not None and problem.reason == "EngineFailing" else ""
-        ready_c = _cond(ConditionType.READY, False, "ReplicasNotReady", f"{ready}/{desired_replicas} engine pods ready{why}",
-                        generation)
+        ready_c = _cond(ConditionType.READY, False, "ReplicasNotReady",
+                        f"{ready}/{desired_replicas} engine pods ready{why}", generation)
 
     rolling = deploy is not None and (int(ds.get("observedGeneration") or 0) < dgen or updated < desired_replicas
                                       or total > updated or ready < desired_replicas)
     if deadline:
-        prog_c = _cond(ConditionType.PROGRESSING, False, "RolloutFailed", prog.get("message") or "progress deadline exceeded",
-                       generation)
+        prog_c = _cond(ConditionType.PROGRESSING, False, "RolloutFailed",
+                       prog.get("message") or "progress deadline exceeded", generation)
     elif rolling:
         prog_c = _cond(ConditionType.PROGRESSING, True, "RollingOut",
                        f"{updated}/{desired_replicas} pods updated, {ready} ready", generation)
@@ -73,8 +75,8 @@ def deployment_conditions(deploy: dict | None, desired_replicas: int, generation
                       (prog.get("message") or "the rollout did not progress") +
                       "; check the engine pods' events and logs (image, GPU capacity, model path)", generation)
     elif replica_failure.get("status") == "True":
-        deg_c = _cond(ConditionType.DEGRADED, True, "ReplicaFailure", replica_failure.get("message") or "pods cannot be created",
-                      generation)
+        deg_c = _cond(ConditionType.DEGRADED, True, "ReplicaFailure",
+                      replica_failure.get("message") or "pods cannot be created", generation)
     else:
         deg_c = _cond(ConditionType.DEGRADED, False, "AsExpected", "", generation)
     return [ready_c, prog_c, deg_c]

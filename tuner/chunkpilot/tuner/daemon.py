@@ -325,7 +325,8 @@ def iteration_failure(e: Exception, retry_in: float) -> tuple[str, str]:
 def report_failure(writer: StatusWriter, raw: dict, reason: str, message: str) -> None:
     """Tuning=False and a Warning Event naming the failure; best effort (the API may be what fails)."""
     try:
-        writer.write(tuner_conditions=[Condition(type=ConditionType.TUNING, status="False", reason=reason, message=message)])
+        writer.write(tuner_conditions=[Condition(type=ConditionType.TUNING, status="False", reason=reason,
+                                                 message=message)])
         poster(raw)("Warning", reason, message)
     except Exception as e:  # noqa: BLE001 - the report must never be what stops the loop
         log.warning("tuning %s/%s: the failure could not be reported (%r)", writer.namespace, writer.name, e)
@@ -367,8 +368,8 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
                 config = tuning_config(namespace, name, raw.get("spec") or {}, cluster)
             except (ValidationError, ValueError) as e:
                 writer.write(tuning=TuningStatus(mode="off", phase="Holding", reason=str(e)[:1024]),
-                             tuner_conditions=[Condition(type=ConditionType.TUNING, status="False", reason="InvalidTuningSpec",
-                                                         message=str(e)[:1024])])
+                             tuner_conditions=[Condition(type=ConditionType.TUNING, status="False",
+                                                         reason="InvalidTuningSpec", message=str(e)[:1024])])
                 sleep(INVALID_SPEC_RECHECK)
                 continue
             if config != built_for:

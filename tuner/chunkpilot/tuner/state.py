@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chunkpilot.api.types import AutoscalingStatus, Condition, ConditionType, KnobsMeasurement, SLOStatus, TuningStatus
+from chunkpilot.api.types import (AutoscalingStatus, Condition, ConditionType, KnobsMeasurement, SLOStatus,
+                                  TuningStatus)
 from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.tuner.measurement import Window, slo_met
 from chunkpilot.tuner.space import Knobs
@@ -129,7 +130,8 @@ def _autoscaling_condition(sc: ScalingState) -> Condition:
     ReplicasWouldNotHelp when no count is predicted to keep the SLOs (held), AtMaxReplicas when the load needs more
     than the bound allows, Scaling while the replicas differ from the desired, Recommending, Stable."""
     if sc.refused:
-        return Condition(type=ConditionType.AUTOSCALING, status="False", reason=sc.refused_reason, message=sc.refused[:1024])
+        return Condition(type=ConditionType.AUTOSCALING, status="False", reason=sc.refused_reason,
+                         message=sc.refused[:1024])
     if not sc.helps:
         reason = "ReplicasWouldNotHelp"
     elif sc.not_ready_long:
