@@ -11,7 +11,7 @@ import argparse
 
 from common import conditions, pyplot, save
 
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.predictor import predict
 from chunkpilot.tuner.sim.costmodel import default
 from chunkpilot.tuner.sim.experiment import Scenario

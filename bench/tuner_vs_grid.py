@@ -29,8 +29,8 @@ import numpy as np
 
 from common import conditions, pyplot, save
 
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.loop import TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.sim.costmodel import default, gpu_shaped
 from chunkpilot.tuner.sim.experiment import Scenario, evaluate, tune
 from chunkpilot.tuner.space import Knobs, SearchSpace

@@ -260,3 +260,23 @@ def test_the_knobs_have_one_type():
     status = SchedulerStatus.of(k, source="tuner", generation=3)
     assert status.knobs == k and status.generation == 3 and status.source == "tuner"
     assert SchedulerSpec(tokenBudget=96, maxChunk=32).knobs == k
+
+
+def test_the_slo_has_one_type():
+    """One value type for the latency SLO (chunkpilot.contract.slo.SLOTargets, its quantile a fraction): the tuner,
+    the simulator, the load generator's goodput, the demo and the CLI judge by it and the API's spec.slo converts
+    to it with SLOSpec.targets; no part defines an SLO shape of its own (the API's models are the CRD's schema,
+    SLOStatus what was measured)."""
+    import ast
+
+    from chunkpilot.api.types import SLOSpec
+    from chunkpilot.contract.slo import LatencyTarget, SLOTargets
+    from chunkpilot.tuner import SLOTargets as TunerSLOTargets
+
+    assert TunerSLOTargets is SLOTargets
+    assert SLOSpec.model_validate({"itl": {"percentile": 0.9, "thresholdSeconds": 0.2}}).targets == \
+        SLOTargets(itl=LatencyTarget(0.9, 0.2))
+    shapes = {node.name for path in ROOT.glob("*/chunkpilot/**/*.py")
+              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+              and ("SLO" in node.name or node.name.endswith("Target"))}
+    assert shapes == {"LatencySLO", "SLOSpec", "SLOStatus", "SLOTargets", "LatencyTarget"}, shapes

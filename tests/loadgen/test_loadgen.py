@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from chunkpilot.cli.main import app
-from chunkpilot.loadgen.stats import SLO, RequestRecord, summarize
+from chunkpilot.contract.slo import SLOTargets
+from chunkpilot.loadgen.stats import RequestRecord, summarize
 from chunkpilot.loadgen.workloads import MIXES, SHAPES, Phase, arrivals, build_workload, load_jsonl, scaled
 
 from ..engine.server_proc import EngineServer
@@ -31,7 +32,7 @@ def test_statistics_on_a_hand_built_trace():
         rec("rag", 2.0, 3.0, [0.1, 0.1, 0.1]),  # ttft 1.0, e2e 1.3
         RequestRecord(kind="rag", prompt_tokens=10, start=3.0, error="HTTP 500"),
     ]
-    s = summarize(records, SLO(ttft=0.5, itl=0.2), duration=4.0)
+    s = summarize(records, SLOTargets.p99(ttft=0.5, itl=0.2), duration=4.0)
     assert (s["requests"], s["completed"], s["failed"]) == (4, 3, 1)
     assert s["request_throughput"] == pytest.approx(3 / 4)
     assert s["output_token_throughput"] == pytest.approx(12 / 4)
@@ -45,7 +46,7 @@ def test_statistics_on_a_hand_built_trace():
     assert s["tpot_s"]["p50"] == pytest.approx(float(np.median([0.15 / 3, 0.35 / 3, 0.3 / 3])))
     assert s["e2e_s"]["p50"] == pytest.approx(0.65)
     assert s["by_kind"]["rag"]["completed"] == 1
-    assert summarize(records, SLO())["goodput"] > 0  # default duration: first start to last end
+    assert summarize(records, SLOTargets())["goodput"] > 0  # default duration: first start to last end
 
 
 def test_phases_shift_rate_and_mix():

@@ -117,6 +117,22 @@ def test_cel_rules_accept_samples_and_reject_crossed_fields():
     assert failed == {"maxChunk must be <= tokenBudget", "min must be <= max"}
 
 
+def test_the_spec_slo_is_the_one_slo_type_every_part_judges_by():
+    """spec.slo converts through SLOSpec.targets alone: the quantile stays a fraction, an absent objective stays
+    unjudged, and the default quantile is the contract's."""
+    from chunkpilot.contract.slo import DEFAULT_QUANTILE, LatencyTarget, SLOTargets
+
+    from chunkpilot.api.types import SLOSpec
+
+    spec = SLOSpec.model_validate({"ttft": {"percentile": 0.9, "thresholdSeconds": 2},
+                                   "itl": {"thresholdSeconds": 0.2}})
+    assert spec.targets == SLOTargets(ttft=LatencyTarget(0.9, 2.0), itl=LatencyTarget(DEFAULT_QUANTILE, 0.2))
+    assert SLOSpec.model_validate({"itl": {"thresholdSeconds": 0.2}}).targets == SLOTargets.p99(itl=0.2)
+    assert SLOSpec().targets == SLOTargets()
+    assert openapi_schema()["properties"]["spec"]["properties"]["slo"]["properties"]["itl"]["properties"][
+        "percentile"]["default"] == DEFAULT_QUANTILE
+
+
 @pytest.mark.parametrize("tuning", ["off", "advisory", "auto"])
 @pytest.mark.parametrize("scaling", ["off", "recommend", "auto"])
 def test_the_crd_and_the_tuner_share_one_autoscaling_rule(tuning, scaling):

@@ -1,5 +1,5 @@
-"""The shared controller runtime (chunkpilot.kube.work_queue, peering_gate, autoscalers): merged keys, one pass at
-a time per key, rate-limited retries, resync, a gate that holds everything, and kopf's peering rule."""
+"""The shared controller runtime (chunkpilot.kube.work_queue, peering_gate, autoscalers, object_key): merged keys,
+one pass at a time per key, rate-limited retries, resync, a gate that holds everything, and kopf's peering rule."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import threading
 import time
 
 from chunkpilot.kube.autoscalers import AutoscalerCheck, targeting
+from chunkpilot.kube.object_key import ObjectKey
 from chunkpilot.kube.peering_gate import PeeringGate, live_priorities, may_act
 from chunkpilot.kube.work_queue import WorkQueue
 
@@ -21,6 +22,19 @@ def wait_for(cond, timeout=5.0):
             return True
         time.sleep(0.01)
     return False
+
+
+def test_an_object_key_is_read_from_metadata_in_one_way():
+    """The key the operator queues and the tuner keeps a thread per: "default" when the metadata names no
+    namespace, an owner in its child's namespace, and the plain pair wherever a tuple is expected."""
+    key = ObjectKey.from_meta({"namespace": "ml", "name": "chat", "uid": "u-1"})
+    assert key == ("ml", "chat") and hash(key) == hash(("ml", "chat")) and str(key) == "ml/chat"
+    assert ObjectKey.from_meta({"name": "chat"}) == ObjectKey("default", "chat")
+    child = {"namespace": "ml", "name": "chat-engine",
+             "ownerReferences": [{"kind": "InferenceDeployment", "name": "chat"}]}
+    assert ObjectKey.of_owner(child, child["ownerReferences"][0]) == key
+    namespace, name = key
+    assert (namespace, name) == (key.namespace, key.name)
 
 
 class Recorder:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner import autoscale, guide
 from chunkpilot.tuner.autoscale import Autoscaler, ScalingPolicy
 from chunkpilot.tuner.daemon import ClusterConfig, StatusPublisher, tuning_config
 from chunkpilot.tuner.interfaces import ReplicaCount
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets, Window
+from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.metrics import CURRENT_REPLICAS, DESIRED_REPLICAS, MAX_REPLICAS, TunerMetrics
 from chunkpilot.tuner.predictor import Load
 from chunkpilot.tuner.sim.costmodel import default

@@ -6,7 +6,7 @@ from __future__ import annotations
 from chunkpilot.contract.step_cost import FEATURES
 from chunkpilot.tuner import guide
 from chunkpilot.tuner.choice import Choice, Memory, Observation, TrialKind, choose
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.predictor import Load
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.step_model import StepModel

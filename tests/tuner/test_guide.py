@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner import guide
 from chunkpilot.tuner.choice import TrialKind
 from chunkpilot.tuner.daemon import StatusPublisher
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.metrics import FEASIBLE, REPLICAS_NEEDED, TunerMetrics
 from chunkpilot.tuner.predictor import Load
 from chunkpilot.tuner.sim.costmodel import default

@@ -3,9 +3,10 @@ just measured."""
 
 from __future__ import annotations
 
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner import policy
 from chunkpilot.tuner.history import HistoryEntry, WindowKind
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets, Window
+from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.policy import Advise, Exploit, Explore, Keep, Memory, Outcome, Reopen, Settle
 from chunkpilot.tuner.space import Knobs
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.predictor import Load, predict
 from chunkpilot.tuner.sim.costmodel import default
 from chunkpilot.tuner.sim.experiment import Scenario

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from chunkpilot.contract import metric_names as m
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.prometheus import (PrometheusMeasurer, buckets_query, fraction_below, quantile_query,
                                          rate_query, step_moments_query)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.loop import TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.sim.costmodel import CostModel, default, fit, relative_error, step_features
 from chunkpilot.tuner.sim.experiment import Scenario, evaluate, tune
 from chunkpilot.tuner.sim.simulator import Simulator

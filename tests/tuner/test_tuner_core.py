@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from chunkpilot.tuner.choice import TrialKind
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.interfaces import MeasurementUnavailable
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import (LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, LatencyTarget, SLOTargets,
-                                          Window, constraints, feasible, load_shift, objective_value, slo_met,
-                                          wide_breach)
+from chunkpilot.tuner.measurement import (LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, Window, constraints, feasible,
+                                          load_shift, objective_value, slo_met, wide_breach)
 from chunkpilot.tuner.state import TunerState, conditions, status_tuning
 from chunkpilot.tuner.space import Knobs, SearchSpace, log_grid
 from chunkpilot.tuner.study import TunerStudy

@@ -11,12 +11,12 @@ import pytest
 
 from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.contract.knobs import parse_knobs, write_knobs
+from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark
 from chunkpilot.loadgen.workloads import Phase, Shape, build_workload
 from chunkpilot.tuner.config import TuningConfig
 from chunkpilot.tuner.local import build_local
 from chunkpilot.tuner.loop import TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.prometheus_server import PrometheusServer
 from chunkpilot.tuner.space import Knobs
 

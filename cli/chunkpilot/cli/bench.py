@@ -55,7 +55,8 @@ def serve(
 ) -> None:
     """Stream requests to any OpenAI-compatible server and report TTFT, inter-token latency, TPOT, end-to-end
     latency percentiles, throughput and goodput."""
-    from chunkpilot.loadgen import SLO, BenchmarkConfig, run_benchmark
+    from chunkpilot.contract.slo import SLOTargets
+    from chunkpilot.loadgen import BenchmarkConfig, run_benchmark
     from chunkpilot.loadgen.report import plot as plot_result, print_table, write_json
     from chunkpilot.loadgen.workloads import MIXES, SHAPES, Phase, build_requests, build_workload, load_jsonl, scaled
 
@@ -84,7 +85,8 @@ def serve(
     if not specs:
         raise typer.BadParameter("the workload has no requests: raise --rate or --duration")
     result = run_benchmark(BenchmarkConfig(base_url, model, specs, concurrency=concurrency,
-                                           slo=SLO(ttft=slo_ttft, itl=slo_itl), api_key=api_key, label=label))
+                                           slo=SLOTargets.p99(ttft=slo_ttft, itl=slo_itl), api_key=api_key,
+                                           label=label))
     print_table(result)
     if out:
         write_json(result, out)

@@ -88,9 +88,9 @@ def run(
                                   **({"apply_timeout": apply_timeout} if apply_timeout else {})), metrics, stop)
         return
 
+    from chunkpilot.contract.slo import SLOTargets
     from chunkpilot.tuner.config import TuningConfig, parse_bounds, parse_slo
     from chunkpilot.tuner.local import build_local
-    from chunkpilot.tuner.measurement import SLOTargets
     from chunkpilot.tuner.space import Knobs
 
     try:

@@ -44,7 +44,8 @@ def hindsight(run: DemoRun) -> dict | None:
     grid over the tuner's bounds (two points an octave: 91, where the tuner's own space has four). The simulator's
     KV pool is not the engines' 0.5 GB. Its error is stated against the fixed group, which really ran its knobs
     on the trace. None when too few steps were seen."""
-    from chunkpilot.demo.run import KNOB_BOUNDS, MAX_NUM_SEQS, request_slo
+    from chunkpilot.demo.run import KNOB_BOUNDS, MAX_NUM_SEQS
+    from chunkpilot.loadgen.stats import meets
     from chunkpilot.loadgen.workloads import build_workload
     from chunkpilot.tuner import PrometheusSource, SearchSpace
     from chunkpilot.tuner.sim import FittedCost, Simulator
@@ -58,14 +59,14 @@ def hindsight(run: DemoRun) -> dict | None:
     if model is None:
         return None
     specs = build_workload(config.phases(), vocab_size=49152, seed=config.seed, shapes=config.shapes())
-    slo = request_slo(config)
+    slo = config.slo()
     n = len(specs) * config.replicas
 
     def replay(knobs) -> dict:
         sim = Simulator(FittedCost(model), specs, knobs, max_num_seqs=MAX_NUM_SEQS)
         recs = sim.run()
         done = [r for r in recs if r.end is not None]
-        met = sum(1 for r in done if slo.met_by(r))
+        met = sum(1 for r in done if meets(r, slo))
         span = max(r.end for r in done) - min(r.start for r in recs) if done else 0.0
         return {"attainment": met / len(recs) if recs else 0.0, "goodput": met / span * config.replicas if span else 0.0}
 
@@ -124,11 +125,11 @@ def shortfall(run: DemoRun, data: dict) -> list[dict]:
     budget, chunk = data.get("tuned", {}).get("token_budget"), data.get("tuned", {}).get("max_chunk")
     if not budget or not chunk or not run.started:
         return []
-    from chunkpilot.demo.run import request_slo
+    from chunkpilot.loadgen.stats import meets
 
-    slo = request_slo(run.config)
+    slo = run.config.slo()
     offset = time.time() - time.monotonic() - run.started  # the client's monotonic start -> seconds into the run
-    return shortfall_by_knobs([(r.start + offset, slo.met_by(r)) for r in run.records.get("tuned", [])],
+    return shortfall_by_knobs([(r.start + offset, meets(r, slo)) for r in run.records.get("tuned", [])],
                               budget, chunk)
 
 

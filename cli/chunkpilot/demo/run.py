@@ -13,11 +13,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
-from chunkpilot.loadgen.stats import SLO, RequestRecord
+from chunkpilot.loadgen.stats import RequestRecord, meets
 from chunkpilot.loadgen.workloads import Phase, Shape, build_workload, scaled
-from chunkpilot.tuner import (Knobs, LatencyTarget, PrometheusServer, SLOTargets, SearchSpace, TunerLoop,
-                              TunerSettings, TuningConfig, build_local)
+from chunkpilot.tuner import (Knobs, PrometheusServer, SearchSpace, TunerLoop, TunerSettings, TuningConfig,
+                              build_local)
 
 from chunkpilot.demo.engines import EngineProcess
 
@@ -78,7 +79,8 @@ class DemoConfig:
                 Phase(self.duration - 3 * quarter, self.rate * 0.6, {"chat": 0.9, "rag": 0.1})]
 
     def slo(self) -> SLOTargets:
-        return SLOTargets(ttft=LatencyTarget(0.99, self.ttft_slo), itl=LatencyTarget(0.99, self.itl_slo))
+        """The one SLO the tuner tunes against and each group's requests are judged by."""
+        return SLOTargets.p99(ttft=self.ttft_slo, itl=self.itl_slo)
 
 
 @dataclass
@@ -296,18 +298,14 @@ def shutdown(run: DemoRun) -> None:
         run.prometheus.stop()
 
 
-def request_slo(config: DemoConfig) -> SLO:
-    return SLO(ttft=config.ttft_slo, itl=config.itl_slo, itl_percentile=99.0)
-
-
 def summary(run: DemoRun) -> dict:
     """Per group, from the load generator's own records: SLO attainment and goodput, over the same requests."""
     out = {}
-    slo = request_slo(run.config)
+    slo = run.config.slo()
     for group in GROUPS:
         recs = run.records.get(group, [])
         done = [r for r in recs if r.ok]
-        met = sum(1 for r in done if slo.met_by(r))
+        met = sum(1 for r in done if meets(r, slo))
         span = (max(r.end for r in done) - min(r.start for r in recs)) if done else 0.0
         out[group] = {"requests": len(recs), "finished": len(done), "met_slo": met,
                       "attainment": met / len(recs) if recs else 0.0, "goodput": met / span if span else 0.0}

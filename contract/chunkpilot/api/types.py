@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import Knobs, SchedulerKnobs
+from chunkpilot.contract.slo import DEFAULT_QUANTILE, LatencyTarget, SLOTargets
 
 GROUP = "chunkpilot.io"
 VERSION = "v1alpha1"
@@ -184,13 +185,22 @@ class SchedulerSpec(_Model):
 
 
 class LatencySLO(_Model):
-    percentile: float = Field(0.99, gt=0, lt=1, description="Quantile the threshold applies to, e.g. 0.99.")
+    percentile: float = Field(DEFAULT_QUANTILE, gt=0, lt=1,
+                              description="Quantile the threshold applies to, e.g. 0.99.")
     threshold_seconds: float = Field(..., alias="thresholdSeconds", gt=0, description="Latency limit in seconds.")
 
 
 class SLOSpec(_Model):
     ttft: LatencySLO | None = Field(None, description="Time-to-first-token objective.")
     itl: LatencySLO | None = Field(None, description="Inter-token latency objective.")
+
+    @property
+    def targets(self) -> SLOTargets:
+        """The one SLO value type (chunkpilot.contract.slo) every part judges latency against: the spec's
+        `percentile` is already a quantile (0.99), so it carries over as it is."""
+        def target(t: LatencySLO | None) -> LatencyTarget | None:
+            return None if t is None else LatencyTarget(t.percentile, t.threshold_seconds)
+        return SLOTargets(ttft=target(self.ttft), itl=target(self.itl))
 
 
 class Range(_Model):
@@ -327,6 +337,19 @@ def knob_refusal(spec: InferenceDeploymentSpec) -> str:
     if spec.slo.ttft is None and spec.slo.itl is None:
         return "tuning needs at least one SLO: set spec.slo.ttft or spec.slo.itl (or tuning.mode: off)"
     return ""
+
+
+class ConditionType:
+    """The types of status.conditions, each with one writer: the operator sets Ready, Progressing and Degraded,
+    the tuner Tuning, Autoscaling and SLOMet (chunkpilot.kube.conditions replaces only the writer's own). Alerts,
+    dashboards and users' `kubectl wait --for=condition=...` match these strings: they are the API."""
+
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    TUNING = "Tuning"
+    AUTOSCALING = "Autoscaling"
+    SLO_MET = "SLOMet"
 
 
 class Condition(_Model):

@@ -1,14 +1,17 @@
 """Status conditions as both controllers keep them: each replaces only the condition types it owns (the operator
-Ready, Progressing and Degraded; the tuner Tuning and SLOMet), so neither wipes the other's, and a condition keeps
-its lastTransitionTime while its status stays the same (the Kubernetes convention)."""
+Ready, Progressing and Degraded; the tuner Tuning, Autoscaling and SLOMet: api.types.ConditionType), so neither
+wipes the other's, and a condition keeps its lastTransitionTime while its status stays the same (the Kubernetes
+convention)."""
 
 from __future__ import annotations
 
 import datetime
 
-from chunkpilot.api.types import Condition
+from chunkpilot.api.types import Condition, ConditionType
 
-ORDER = ("Ready", "Progressing", "Degraded", "Tuning", "SLOMet")
+# The order status.conditions are kept in; a type not named here (Autoscaling) sorts after them.
+ORDER = (ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED, ConditionType.TUNING,
+         ConditionType.SLO_MET)
 
 
 def now_rfc3339() -> str:

@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field
 import httpx
 from tqdm.auto import tqdm
 
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.loadgen.client import send
-from chunkpilot.loadgen.stats import SLO, RequestRecord, summarize
+from chunkpilot.loadgen.stats import RequestRecord, summarize
 from chunkpilot.loadgen.workloads import RequestSpec
 
 
@@ -23,7 +24,7 @@ class BenchmarkConfig:
     model: str
     requests: list[RequestSpec]
     concurrency: int | None = None  # fixed concurrency instead of arrival times
-    slo: SLO = field(default_factory=SLO)
+    slo: SLOTargets = field(default_factory=SLOTargets)
     api_key: str | None = None
     timeout: float = 600.0
     progress: bool = True

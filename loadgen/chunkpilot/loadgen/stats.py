@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from chunkpilot.contract.slo import SLOTargets
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -46,25 +48,17 @@ class RequestRecord:
         return (self.end - self.first_token) / (self.output_tokens - 1)
 
 
-@dataclass(frozen=True)
-class SLO:
-    """Thresholds a request must meet to count towards goodput (None = not checked)."""
-
-    ttft: float | None = None  # seconds
-    itl: float | None = None  # seconds, applied to the request's worst inter-token gap at `itl_percentile`
-    itl_percentile: float = 99.0
-    e2e: float | None = None
-
-    def met_by(self, r: RequestRecord) -> bool:
-        if not r.ok:
-            return False
-        if self.ttft is not None and r.ttft > self.ttft:
-            return False
-        if self.itl is not None and r.itls and float(np.percentile(r.itls, self.itl_percentile)) > self.itl:
-            return False
-        if self.e2e is not None and r.e2e > self.e2e:
-            return False
-        return True
+def meets(r: RequestRecord, slo: SLOTargets) -> bool:
+    """Whether one request counts towards goodput: finished, its TTFT within the TTFT threshold, and its own
+    inter-token gaps at the ITL quantile within the ITL threshold (a request's tail of stalls, not the
+    population's quantile the tuner measures)."""
+    if not r.ok:
+        return False
+    if slo.ttft is not None and r.ttft > slo.ttft.threshold:
+        return False
+    if slo.itl is not None and r.itls and float(np.percentile(r.itls, slo.itl.quantile * 100)) > slo.itl.threshold:
+        return False
+    return True
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -76,14 +70,14 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
     return out
 
 
-def summarize(records: list[RequestRecord], slo: SLO = SLO(), *, duration: float | None = None) -> dict:
+def summarize(records: list[RequestRecord], slo: SLOTargets = SLOTargets(), *, duration: float | None = None) -> dict:
     """Throughput, goodput and latency percentiles over a run. `duration` defaults to first start → last end."""
     done = [r for r in records if r.ok]
     if duration is None:
         ends = [r.end for r in done]
         duration = (max(ends) - min(r.start for r in records)) if ends else 0.0
     out_tokens = sum(r.output_tokens for r in done)
-    good = sum(1 for r in done if slo.met_by(r))
+    good = sum(1 for r in done if meets(r, slo))
     per_kind = sorted({r.kind for r in records})
     return {
         "requests": len(records),

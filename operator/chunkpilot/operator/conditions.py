@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chunkpilot.api.types import Condition, InferenceDeploymentStatus, KnobsStatus
+from chunkpilot.api.types import Condition, ConditionType, InferenceDeploymentStatus, KnobsStatus
 from chunkpilot.kube.conditions import merge_conditions
 
 # The status fields the operator writes (conditions: Ready, Progressing, Degraded); the tuner writes scheduler
@@ -37,45 +37,48 @@ def deployment_conditions(deploy: dict | None, desired_replicas: int, generation
     ready = int(ds.get("readyReplicas") or 0)
     updated = int(ds.get("updatedReplicas") or 0)
     total = int(ds.get("replicas") or 0)
+    # the Deployment's own conditions (apps/v1 names, not ConditionType: those are the InferenceDeployment's)
     by_type = {c.get("type"): c for c in ds.get("conditions") or []}
     prog = by_type.get("Progressing", {})
     deadline = prog.get("status") == "False" and prog.get("reason") == "ProgressDeadlineExceeded"
     replica_failure = by_type.get("ReplicaFailure", {})
 
     if deploy is None:
-        ready_c = _cond("Ready", False, "NotCreated", "the engine Deployment does not exist yet", generation)
+        ready_c = _cond(ConditionType.READY, False, "NotCreated", "the engine Deployment does not exist yet",
+                        generation)
     elif desired_replicas == 0:
-        ready_c = _cond("Ready", True, "ScaledToZero", "replicas is 0", generation)
+        ready_c = _cond(ConditionType.READY, True, "ScaledToZero", "replicas is 0", generation)
     elif ready >= desired_replicas:
-        ready_c = _cond("Ready", True, "AllReplicasReady", f"{ready}/{desired_replicas} engine pods ready", generation)
+        ready_c = _cond(ConditionType.READY, True, "AllReplicasReady", f"{ready}/{desired_replicas} engine pods ready",
+                        generation)
     else:
         why = f": {problem.message}" if problem is not None and problem.reason == "EngineFailing" else ""
-        ready_c = _cond("Ready", False, "ReplicasNotReady", f"{ready}/{desired_replicas} engine pods ready{why}",
-                        generation)
+        ready_c = _cond(ConditionType.READY, False, "ReplicasNotReady",
+                        f"{ready}/{desired_replicas} engine pods ready{why}", generation)
 
     rolling = deploy is not None and (int(ds.get("observedGeneration") or 0) < dgen or updated < desired_replicas
                                       or total > updated or ready < desired_replicas)
     if deadline:
-        prog_c = _cond("Progressing", False, "RolloutFailed", prog.get("message") or "progress deadline exceeded",
-                       generation)
+        prog_c = _cond(ConditionType.PROGRESSING, False, "RolloutFailed",
+                       prog.get("message") or "progress deadline exceeded", generation)
     elif rolling:
-        prog_c = _cond("Progressing", True, "RollingOut",
+        prog_c = _cond(ConditionType.PROGRESSING, True, "RollingOut",
                        f"{updated}/{desired_replicas} pods updated, {ready} ready", generation)
     else:
-        prog_c = _cond("Progressing", False, "RolloutComplete" if deploy is not None else "NotCreated",
+        prog_c = _cond(ConditionType.PROGRESSING, False, "RolloutComplete" if deploy is not None else "NotCreated",
                        "all engine pods run the current spec" if deploy is not None else "", generation)
 
     if problem is not None:
-        deg_c = _cond("Degraded", True, problem.reason, problem.message, generation)
+        deg_c = _cond(ConditionType.DEGRADED, True, problem.reason, problem.message, generation)
     elif deadline:
-        deg_c = _cond("Degraded", True, "RolloutFailed",
+        deg_c = _cond(ConditionType.DEGRADED, True, "RolloutFailed",
                       (prog.get("message") or "the rollout did not progress") +
                       "; check the engine pods' events and logs (image, GPU capacity, model path)", generation)
     elif replica_failure.get("status") == "True":
-        deg_c = _cond("Degraded", True, "ReplicaFailure", replica_failure.get("message") or "pods cannot be created",
-                      generation)
+        deg_c = _cond(ConditionType.DEGRADED, True, "ReplicaFailure",
+                      replica_failure.get("message") or "pods cannot be created", generation)
     else:
-        deg_c = _cond("Degraded", False, "AsExpected", "", generation)
+        deg_c = _cond(ConditionType.DEGRADED, False, "AsExpected", "", generation)
     return [ready_c, prog_c, deg_c]
 
 

@@ -28,6 +28,7 @@ from kubernetes.client import ApiException
 from chunkpilot.api.types import GROUP, KIND, PLURAL, VERSION
 from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.kopf_process import KopfProcess, with_client_login
+from chunkpilot.kube.object_key import ObjectKey
 from chunkpilot.kube.peering_gate import PeeringGate
 from chunkpilot.kube.work_queue import WorkQueue
 from chunkpilot.operator import builders
@@ -73,7 +74,7 @@ def build_registry() -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     def inference_deployment_changed(event: kopf.RawEvent, memo: kopf.Memo, **_) -> None:
         meta = event["object"].get("metadata", {})
-        key = (meta.get("namespace", "default"), meta.get("name"))
+        key = ObjectKey.from_meta(meta)
         if event["type"] == "DELETED":
             memo.queue.forget(key)
             memo.reconciler.forget(*key)
@@ -88,7 +89,7 @@ def build_registry() -> kopf.OperatorRegistry:
         meta = event["object"].get("metadata", {})
         for ref in meta.get("ownerReferences") or []:
             if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-                memo.queue.add((meta.get("namespace", "default"), ref["name"]))
+                memo.queue.add(ObjectKey.of_owner(meta, ref))
 
     @kopf.on.probe(id="reconciler", registry=registry)
     def reconciler_alive(memo: kopf.Memo, **_) -> dict | str:
@@ -105,7 +106,7 @@ def build_registry() -> kopf.OperatorRegistry:
     return registry
 
 
-def pass_once(reconciler: Reconciler, queue: WorkQueue, key: tuple[str, str]) -> bool:
+def pass_once(reconciler: Reconciler, queue: WorkQueue, key: ObjectKey) -> bool:
     """One queued pass; True asks the queue to retry after a backoff (a knobs push failed)."""
     out = reconciler.reconcile_by_name(*key)
     if out is None:  # gone (a DELETED event can be missed across a 410 re-list): no more resyncs

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import (InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus,
-                                  KnobsStatus, desired_knobs)
+from chunkpilot.api.types import (ConditionType, InferenceDeployment, InferenceDeploymentSpec,
+                                  InferenceDeploymentStatus, KnobsStatus, desired_knobs)
 from chunkpilot.operator import builders
 from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, owned_pods, ready_pods
 from chunkpilot.operator.pod_trouble import creating, engine_trouble, mount_trouble, starting
@@ -25,6 +25,7 @@ from chunkpilot.contract.knobs import parse_knobs
 from chunkpilot.kube.autoscalers import AutoscalerCheck
 from chunkpilot.kube.client import Kube
 from chunkpilot.kube.conditions import condition, now_rfc3339
+from chunkpilot.kube.object_key import ObjectKey
 from chunkpilot.operator.apply import describe, plan, with_hash
 from chunkpilot.operator.conditions import Problem, status_patch
 from chunkpilot.operator.policy import PolicyError
@@ -72,14 +73,14 @@ class Reconciler:
         # question: a PUT of the knobs it should run, answered with what it runs). Someone with the token can push
         # other knobs through a port-forward; the record would otherwise say the pod runs ours for good.
         self.verify_seconds, self.clock = verify_seconds, clock
-        self._verified: dict[tuple[str, str], float] = {}  # when every ready pod last answered a push
+        self._verified: dict[ObjectKey, float] = {}  # when every ready pod last answered a push
         self._crd_cache: tuple[float, bool] | None = None
         self._crd_cache_seconds = crd_cache_seconds
         # (namespace, name) -> the uid a Warning was posted for: once per object, forgotten with it
-        self._warned_monitor: dict[tuple[str, str], str] = {}
-        self._warned_hpa: dict[tuple[str, str], str] = {}
+        self._warned_monitor: dict[ObjectKey, str] = {}
+        self._warned_hpa: dict[ObjectKey, str] = {}
         self.autoscalers = AutoscalerCheck(kube)
-        self._hpa_owned: dict[tuple[str, str], bool] = {}  # an HPA owned the Deployment's count at the last pass
+        self._hpa_owned: dict[ObjectKey, bool] = {}  # an HPA owned the Deployment's count at the last pass
 
     def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
         """A pass on a fresh read; None when the object is gone. The work queue (chunkpilot.kube.work_queue) runs
@@ -90,14 +91,14 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: drop what this process remembered about it."""
         for memory in (self._hpa_owned, self._warned_monitor, self._warned_hpa, self._verified):
-            memory.pop((namespace, name), None)
+            memory.pop(ObjectKey(namespace, name), None)
 
     # -- one pass ------------------------------------------------------------------------------------------
     def reconcile(self, raw: dict) -> Outcome:
         meta = raw["metadata"]
         if meta.get("deletionTimestamp"):
             return Outcome()  # owner references let the garbage collector remove the children
-        ns, name = meta.get("namespace", "default"), meta["name"]
+        ns, name = key = ObjectKey.from_meta(meta)
         out = Outcome()
         obj, desired = None, []
         try:
@@ -130,7 +131,7 @@ class Reconciler:
         knobs, trouble = None, None
         spec = raw.get("spec") or {}
         replicas = obj.spec.replicas if obj is not None else int(spec.get("replicas") or 0)
-        if deploy_live is not None and self._hpa_owned.get((ns, name)):  # the HPA owns the count
+        if deploy_live is not None and self._hpa_owned.get(key):  # the HPA owns the count
             replicas = int((deploy_live.get("spec") or {}).get("replicas") or 0)
         if obj is not None and out.problem is None and deploy_live is not None:
             knobs, push_failed, trouble, waiting = self._deliver_knobs(obj, deploy_live)
@@ -176,7 +177,7 @@ class Reconciler:
         our Deployment owns, not any pod with its labels (knobs_delivery.owned_pods). Returns status.knobs, whether
         a push failed (the queue retries after 1 s, doubling to 30 s) and, from the same list of pods, why any of
         them fails to come up and whether any runs containers not ready yet (pod_trouble)."""
-        ns, name = obj.metadata.get("namespace", "default"), obj.metadata["name"]
+        ns, name = key = ObjectKey.from_meta(obj.metadata)
         knobs, source = desired_knobs(obj)
         selector = builders.selector_labels(name)
         try:
@@ -186,11 +187,11 @@ class Reconciler:
             log.warning("cannot list the pods of %s/%s: %s", ns, name, _api_message(e, "listing pods"))
             return obj.status.knobs, True, None, False
         now = self.clock()
-        stale = now - self._verified.get((ns, name), -math.inf) >= self.verify_seconds
+        stale = now - self._verified.get(key, -math.inf) >= self.verify_seconds
         status, failures = deliver(None if stale else obj.status.knobs, knobs, source, ready_pods(listed),
                                    self.pusher.for_token(builders.admin_token(obj, self.settings)))
         if stale and not failures:
-            self._verified[(ns, name)] = now
+            self._verified[key] = now
         if failures:
             log.info("knobs generation %d not yet pushed to %s/%s: %s (the pods also read the ConfigMap)",
                      knobs.generation, ns, name, "; ".join(failures))
@@ -219,7 +220,7 @@ class Reconciler:
     def _desired(self, obj: InferenceDeployment, raw: dict) -> list[dict]:
         builders.validate(obj, self.settings)
         src = obj.spec.model.source
-        ns = obj.metadata.get("namespace", "default")
+        ns = ObjectKey.from_meta(obj.metadata).namespace
         claims = []
         if src.startswith("pvc://"):
             claims.append(("spec.model.source", src.removeprefix("pvc://").partition("/")[0], "with the model files"))
@@ -239,7 +240,7 @@ class Reconciler:
         if not obj.spec.monitoring.service_monitor:
             return False
         present = self._monitor_crd_present()
-        key = (obj.metadata.get("namespace", "default"), obj.metadata["name"])
+        key = ObjectKey.from_meta(obj.metadata)
         if not present and self._warned_monitor.get(key) != obj.metadata["uid"]:
             self._warned_monitor[key] = obj.metadata["uid"]
             self.post_event(raw, "Warning",
@@ -258,8 +259,7 @@ class Reconciler:
         uid = raw["metadata"].get("uid")
         lives = []
         for want in desired:
-            m = want["metadata"]
-            lives.append(self.kube.read(want["apiVersion"], want["kind"], m["namespace"], m["name"]))
+            lives.append(self.kube.read(want["apiVersion"], want["kind"], *ObjectKey.from_meta(want["metadata"])))
         # Nothing is written while any name is taken by an object that is not ours: applying it would give it
         # our ownerReference, and deleting this resource would then garbage-collect someone else's object.
         taken = [describe(w) for w, live in zip(desired, lives) if live is not None and not _owned_by(live, uid)]
@@ -276,8 +276,7 @@ class Reconciler:
                 except ApiException as e:
                     if e.status != 409:  # 409: another pass (or operator replica) created it first
                         raise
-                    m = want["metadata"]
-                    live = self.kube.read(want["apiVersion"], want["kind"], m["namespace"], m["name"])
+                    live = self.kube.read(want["apiVersion"], want["kind"], *ObjectKey.from_meta(want["metadata"]))
                     if live is not None and not _owned_by(live, uid):  # someone else's, created meanwhile
                         raise _NameConflict([describe(want)]) from None
                     live = self.kube.apply(with_hash(want))
@@ -299,15 +298,15 @@ class Reconciler:
         the live count instead of re-applying spec.replicas against it (two controllers fighting), and says once
         where the HPA should point. The field stays in the applied object (dropping a field this manager owns
         would reset it to the default)."""
-        m = want["metadata"]
-        hpas = self._hpas_on_deployment(m["namespace"], m["name"])
+        key = ObjectKey.from_meta(want["metadata"])
+        hpas = self._hpas_on_deployment(*key)
         if not hpas:
             return want
         uid = raw["metadata"].get("uid", "")
-        if self._warned_hpa.get((m["namespace"], m["name"])) != uid:
-            self._warned_hpa[(m["namespace"], m["name"])] = uid
+        if self._warned_hpa.get(key) != uid:
+            self._warned_hpa[key] = uid
             self.post_event(raw, "Warning", "DeploymentAutoscaled",
-                            f"HorizontalPodAutoscaler {', '.join(hpas)} targets Deployment {m['name']}: the operator "
+                            f"HorizontalPodAutoscaler {', '.join(hpas)} targets Deployment {key.name}: the operator "
                             f"leaves its replicas to it and spec.replicas is not applied. Point the HPA at the "
                             f"InferenceDeployment instead (scaleTargetRef kind InferenceDeployment, its scale "
                             f"subresource), or use spec.autoscaling")
@@ -323,14 +322,14 @@ class Reconciler:
         except ApiException as e:
             log.warning("cannot list HorizontalPodAutoscalers in %s: %s", namespace, _api_message(e, "listing"))
             names = []
-        self._hpa_owned[(namespace, name)] = bool(names)
+        self._hpa_owned[ObjectKey(namespace, name)] = bool(names)
         return names
 
     def _prune(self, raw: dict, desired: list[dict], out: Outcome) -> None:
         """Delete the optional children the spec no longer wants (PDB at replicas <= 1, ServiceMonitor switched
         off), but only ours: same name and our owner reference with this resource's uid."""
         meta = raw["metadata"]
-        ns, name, uid = meta.get("namespace", "default"), meta["name"], meta.get("uid")
+        (ns, name), uid = ObjectKey.from_meta(meta), meta.get("uid")
         wanted = {(d["apiVersion"], d["kind"]) for d in desired}
         for api_version, kind in OPTIONAL_CHILDREN:
             if (api_version, kind) in wanted or (kind == "ServiceMonitor" and not self._monitor_crd_present()):
@@ -357,7 +356,7 @@ class Reconciler:
         """A Warning Event when a problem appears or changes; not again on every pass while it persists."""
         if problem is None:
             return
-        prev = condition(old_status, "Degraded") or {}
+        prev = condition(old_status, ConditionType.DEGRADED) or {}
         if prev.get("status") == "True" and prev.get("reason") == problem.reason and \
                 prev.get("message") == problem.message:
             return

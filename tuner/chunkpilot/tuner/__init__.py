@@ -14,7 +14,7 @@ _EXPORTS = {
     "FileActuator": "chunkpilot.tuner.local", "MeasurementUnavailable": "chunkpilot.tuner.interfaces",
     # what it tunes and against what
     "Knobs": "chunkpilot.tuner.space", "SearchSpace": "chunkpilot.tuner.space",
-    "LatencyTarget": "chunkpilot.tuner.measurement", "SLOTargets": "chunkpilot.tuner.measurement",
+    "LatencyTarget": "chunkpilot.contract.slo", "SLOTargets": "chunkpilot.contract.slo",
     "MAX_PREFILL_UTILIZATION": "chunkpilot.tuner.measurement",
     # the step-time model and the predictor
     "StepModel": "chunkpilot.tuner.step_model", "reference_steps": "chunkpilot.tuner.step_model",

@@ -23,10 +23,10 @@ import logging
 from dataclasses import dataclass
 
 from chunkpilot.api.types import autoscaling_refusal
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner import guide, reasons
 from chunkpilot.tuner.interfaces import Scaler
-from chunkpilot.tuner.measurement import SLOTargets
 from chunkpilot.tuner.predictor import Load
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.state import ScalingState

@@ -16,7 +16,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from chunkpilot.tuner import guide, reasons
-from chunkpilot.tuner.measurement import SLOTargets, load_of, load_shift
+from chunkpilot.contract.slo import SLOTargets
+from chunkpilot.tuner.measurement import load_of, load_shift
 from chunkpilot.tuner.space import Knobs
 
 if TYPE_CHECKING:

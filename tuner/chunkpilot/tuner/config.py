@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from chunkpilot.contract.slo import DEFAULT_QUANTILE, LatencyTarget, SLOTargets
 from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.interfaces import Actuator, Measurer, Publisher, Scaler
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.retry import Backoff
 from chunkpilot.tuner.space import SearchSpace
 from chunkpilot.tuner.study import TunerStudy
@@ -39,10 +39,10 @@ def parse_slo(text: str | None, what: str) -> LatencyTarget | None:
             p, t = text.split(":", 1)
             target = LatencyTarget(float(p), float(t))
         else:
-            target = LatencyTarget(0.99, float(text))
+            target = LatencyTarget(DEFAULT_QUANTILE, float(text))
     except ValueError:
         raise ValueError(f"--{what}-slo must be PERCENTILE:SECONDS like 0.99:0.2, got {text!r}") from None
-    if not 0 < target.percentile < 1 or target.threshold <= 0:
+    if not 0 < target.quantile < 1 or target.threshold <= 0:
         raise ValueError(f"--{what}-slo needs 0 < percentile < 1 and seconds > 0, got {text!r}")
     return target
 

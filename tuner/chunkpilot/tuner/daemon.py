@@ -30,10 +30,11 @@ import optuna
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatus, Condition, InferenceDeployment,
-                                  InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus, SchedulerStatus,
-                                  SLOStatus, TuningStatus, desired_knobs, knob_refusal)
+from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatus, Condition, ConditionType,
+                                  InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus,
+                                  SchedulerStatus, SLOStatus, TuningStatus, desired_knobs, knob_refusal)
 from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.kube.autoscalers import AutoscalerCheck
 from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
@@ -44,7 +45,6 @@ from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.config import TuningConfig, build_loop
 from chunkpilot.tuner.interfaces import Measurer, ReplicaCount
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.metrics import TunerMetrics
 from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
 from chunkpilot.tuner.retry import Backoff
@@ -79,12 +79,9 @@ class ClusterConfig:
 def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig) -> TuningConfig:
     """The InferenceDeployment's spec → the loop's settings; raises ValidationError/ValueError on a bad spec."""
     s = InferenceDeploymentSpec.model_validate(spec)
-
-    def target(t):
-        return LatencyTarget(t.percentile, t.threshold_seconds) if t is not None else None
     if why := knob_refusal(s):
         raise ValueError(why)  # the operator's rule: the tuner holds what the operator refuses
-    slo = SLOTargets(ttft=target(s.slo.ttft), itl=target(s.slo.itl))
+    slo = s.slo.targets
     b, a = s.tuning.bounds, s.autoscaling
     fingerprint = hashlib.sha256(json.dumps({"slo": s.slo.model_dump(), "bounds": b.model_dump(),
                                              "objective": s.tuning.objective}, sort_keys=True).encode()).hexdigest()[:8]
@@ -328,7 +325,8 @@ def iteration_failure(e: Exception, retry_in: float) -> tuple[str, str]:
 def report_failure(writer: StatusWriter, post_event, reason: str, message: str) -> None:
     """Tuning=False and a Warning Event naming the failure; best effort (the API may be what fails)."""
     try:
-        writer.write(tuner_conditions=[Condition(type="Tuning", status="False", reason=reason, message=message)])
+        writer.write(tuner_conditions=[Condition(type=ConditionType.TUNING, status="False", reason=reason,
+                                                 message=message)])
         post_event("Warning", reason, message)
     except Exception as e:  # noqa: BLE001 - the report must never be what stops the loop
         log.warning("tuning %s/%s: the failure could not be reported (%r)", writer.namespace, writer.name, e)
@@ -394,8 +392,8 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
                 config = tuning_config(namespace, name, raw.get("spec") or {}, cluster)
             except (ValidationError, ValueError) as e:
                 writer.write(tuning=TuningStatus(mode="off", phase="Holding", reason=str(e)[:1024]),
-                             tuner_conditions=[Condition(type="Tuning", status="False", reason="InvalidTuningSpec",
-                                                         message=str(e)[:1024])])
+                             tuner_conditions=[Condition(type=ConditionType.TUNING, status="False",
+                                                         reason="InvalidTuningSpec", message=str(e)[:1024])])
                 sleep(INVALID_SPEC_RECHECK)
                 continue
             if config != built_for:

@@ -29,8 +29,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.contract.step_cost import FEATURES
-from chunkpilot.tuner.measurement import LATENCY_MARGIN, MAX_PREFILL_UTILIZATION, SLOTargets
+from chunkpilot.tuner.measurement import LATENCY_MARGIN, MAX_PREFILL_UTILIZATION
 from chunkpilot.tuner.predictor import Load, Prediction, full_step_features, predict
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.step_model import UNIDENTIFIED, StepModel

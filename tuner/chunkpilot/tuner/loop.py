@@ -35,6 +35,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner import autoscale, choice, guide, policy, reasons
 from chunkpilot.tuner.autoscale import ReplicaCoordinator, ScalingPolicy
@@ -42,7 +43,7 @@ from chunkpilot.tuner.choice import TrialKind
 from chunkpilot.tuner.history import Forecast, HistoryEntry, Screening, WindowKind
 from chunkpilot.tuner.interfaces import Actuator, MeasurementUnavailable, Measurer, Publisher, Scaler
 from chunkpilot.tuner.predictor import predict
-from chunkpilot.tuner.measurement import SLOTargets, Window, feasible, slo_met, wide_breach
+from chunkpilot.tuner.measurement import Window, feasible, slo_met, wide_breach
 from chunkpilot.tuner.policy import Outcome
 from chunkpilot.tuner.retry import Backoff
 from chunkpilot.tuner.space import Knobs, SearchSpace

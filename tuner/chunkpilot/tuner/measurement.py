@@ -6,17 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-
-@dataclass(frozen=True)
-class LatencyTarget:
-    percentile: float  # 0.99
-    threshold: float  # seconds
-
-
-@dataclass(frozen=True)
-class SLOTargets:
-    ttft: LatencyTarget | None = None
-    itl: LatencyTarget | None = None
+from chunkpilot.contract.slo import SLOTargets
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from chunkpilot.tuner.measurement import SLOTargets, objective_value
+from chunkpilot.contract.slo import SLOTargets
+from chunkpilot.tuner.measurement import objective_value
 from chunkpilot.tuner.state import TunerState, status_slo
 
 PREFIX = "chunkpilot:tuner_"
@@ -74,7 +75,7 @@ class TunerMetrics:
         key = (namespace, deployment)
         for kind, target in (("ttft", slo.ttft), ("itl", slo.itl)):
             if target is not None:
-                self.slo_seconds.labels(namespace, deployment, kind, f"{target.percentile:g}").set(target.threshold)
+                self.slo_seconds.labels(namespace, deployment, kind, f"{target.quantile:g}").set(target.threshold)
         new = min(state.recorded - self._seen.get(key, 0), len(state.history))
         for entry in state.history[len(state.history) - new:] if new > 0 else []:
             self.trials.labels(namespace, deployment, entry.kind.value).inc()

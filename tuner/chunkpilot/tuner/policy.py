@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.tuner import reasons
 from chunkpilot.tuner.history import HistoryEntry, WindowKind
-from chunkpilot.tuner.measurement import SLOTargets, Window, load_of, load_shift, slo_met
+from chunkpilot.tuner.measurement import Window, load_of, load_shift, slo_met
 
 
 class Outcome(StrEnum):

@@ -13,8 +13,9 @@ from urllib3.util.retry import Retry
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 
 from chunkpilot.contract import metric_names as m
+from chunkpilot.contract.slo import DEFAULT_QUANTILE, SLOTargets
 from chunkpilot.tuner.interfaces import MeasurementUnavailable
-from chunkpilot.tuner.measurement import SLOTargets, Window
+from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.guide import Context
 from chunkpilot.tuner.predictor import Load, prompts_from_buckets
 from chunkpilot.tuner.step_model import StepModel, fit_moments
@@ -157,8 +158,8 @@ class PrometheusMeasurer:
 
     def measure(self, seconds: float) -> Window:
         sel, src = self.source.selector, self.source
-        q_ttft = self.slo.ttft.percentile if self.slo.ttft else 0.99
-        q_itl = self.slo.itl.percentile if self.slo.itl else 0.99
+        q_ttft = self.slo.ttft.quantile if self.slo.ttft else DEFAULT_QUANTILE
+        q_itl = self.slo.itl.quantile if self.slo.itl else DEFAULT_QUANTILE
         ttft = src.scalar(quantile_query(m.TTFT, q_ttft, sel, seconds))
         itl = src.scalar(quantile_query(m.ITL, q_itl, sel, seconds))
         done_rate = src.scalar(rate_query(f"{m.REQUEST_SUCCESS}", sel, seconds)) or 0.0

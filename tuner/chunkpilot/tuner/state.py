@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chunkpilot.api.types import AutoscalingStatus, Condition, KnobsMeasurement, SLOStatus, TuningStatus
+from chunkpilot.api.types import (AutoscalingStatus, Condition, ConditionType, KnobsMeasurement, SLOStatus,
+                                  TuningStatus)
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.tuner.history import HistoryEntry
-from chunkpilot.tuner.measurement import SLOTargets, Window, slo_met
+from chunkpilot.tuner.measurement import Window, slo_met
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import Measured
 
@@ -104,20 +106,20 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
         reason = "MeasurementsUnavailable"
     else:  # an SRE alerting on the reason sees that no knobs can do it, not just that the tuner is exploring
         reason = "NoFeasibleKnobs" if state.feasible is False else state.phase
-    tuning = Condition(type="Tuning", status="True" if state.healthy and state.mode != "off" else "False",
+    tuning = Condition(type=ConditionType.TUNING, status="True" if state.healthy and state.mode != "off" else "False",
                        reason=reason, message=state.reason[:1024])
     scaling = [] if state.scaling is None else [_autoscaling_condition(state.scaling)]
     w = state.current_window
     if w is None:
-        return [tuning, *scaling, Condition(type="SLOMet", status="Unknown", reason="NotMeasured",
+        return [tuning, *scaling, Condition(type=ConditionType.SLO_MET, status="Unknown", reason="NotMeasured",
                                   message="no window measured yet")]
     ok = slo_met(w, slo)
     parts = []
     if slo.ttft is not None and w.ttft is not None:
-        parts.append(f"TTFT p{slo.ttft.percentile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
+        parts.append(f"TTFT p{slo.ttft.quantile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
     if slo.itl is not None and w.itl is not None:
-        parts.append(f"ITL p{slo.itl.percentile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
-    return [tuning, *scaling, Condition(type="SLOMet", status="True" if ok else "False",
+        parts.append(f"ITL p{slo.itl.quantile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
+    return [tuning, *scaling, Condition(type=ConditionType.SLO_MET, status="True" if ok else "False",
                               reason="WithinSLO" if ok else "SLOBreached",
                               message=", ".join(parts) or "no latency measured")]
 
@@ -129,7 +131,8 @@ def _autoscaling_condition(sc: ScalingState) -> Condition:
     ReplicasWouldNotHelp when no count is predicted to keep the SLOs (held), AtMaxReplicas when the load needs more
     than the bound allows, Scaling while the replicas differ from the desired, Recommending, Stable."""
     if sc.refused:
-        return Condition(type="Autoscaling", status="False", reason=sc.refused_reason, message=sc.refused[:1024])
+        return Condition(type=ConditionType.AUTOSCALING, status="False", reason=sc.refused_reason,
+                         message=sc.refused[:1024])
     if not sc.helps:
         reason = "ReplicasWouldNotHelp"
     elif sc.not_ready_long:
@@ -142,7 +145,7 @@ def _autoscaling_condition(sc: ScalingState) -> Condition:
         reason = "Scaling"
     else:
         reason = "Stable"
-    return Condition(type="Autoscaling", status="True", reason=reason, message=sc.reason[:1024])
+    return Condition(type=ConditionType.AUTOSCALING, status="True", reason=reason, message=sc.reason[:1024])
 
 
 def dump(model) -> dict:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.tuner.choice import TrialKind
 from chunkpilot.tuner.history import HistoryEntry
-from chunkpilot.tuner.measurement import SLOTargets, Window, constraints, objective_value, prompt_demand, window_of
+from chunkpilot.tuner.measurement import Window, constraints, objective_value, prompt_demand, window_of
 from chunkpilot.tuner.space import Knobs, SearchSpace
 
 log = logging.getLogger(__name__)

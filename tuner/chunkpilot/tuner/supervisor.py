@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from chunkpilot.kube.object_key import ObjectKey
+
 log = logging.getLogger(__name__)
 
 # (namespace, name, uid, stop) -> returns when the resource (that uid) is gone or `stop` is set; retries its own
@@ -35,13 +37,13 @@ class _Worker:
 class Supervisor:
     def __init__(self, tune_one: TuneOne) -> None:
         self.tune_one = tune_one
-        self._workers: dict[tuple[str, str], _Worker] = {}
+        self._workers: dict[ObjectKey, _Worker] = {}
         self._lock = threading.Lock()
 
     def observe(self, event_type: str | None, obj: dict) -> None:
         """Called for every watch event (and the initial listing, type None) of an InferenceDeployment."""
         meta = obj.get("metadata") or {}
-        key, uid = (meta.get("namespace", "default"), meta.get("name")), meta.get("uid", "")
+        key, uid = ObjectKey.from_meta(meta), meta.get("uid", "")
         want = event_type != "DELETED" and not meta.get("deletionTimestamp") and tuning_on(obj)
         with self._lock:
             worker = self._workers.get(key)
@@ -55,14 +57,14 @@ class Supervisor:
                 # handler's context with it, as kopf does for its own sync handlers.
                 context = contextvars.copy_context()
                 thread = threading.Thread(target=context.run, args=(self._run, key, uid, stop),
-                                          name=f"tune-{key[0]}/{key[1]}", daemon=True)
+                                          name=f"tune-{key}", daemon=True)
                 self._workers[key] = _Worker(thread, stop, uid)
                 thread.start()
             elif not want and worker is not None:
                 worker.stop.set()
                 del self._workers[key]
 
-    def running(self) -> set[tuple[str, str]]:
+    def running(self) -> set[ObjectKey]:
         with self._lock:
             return {k for k, w in self._workers.items() if w.thread.is_alive()}
 
@@ -75,14 +77,13 @@ class Supervisor:
         for w in workers:
             w.thread.join(timeout)
 
-    def _run(self, key: tuple[str, str], uid: str, stop: threading.Event) -> None:
+    def _run(self, key: ObjectKey, uid: str, stop: threading.Event) -> None:
         """Runs tune_one once: it returns when the resource is gone or `stop` is set, and retries its own failures
         (retry.py, the one retry layer). A second layer here would restart a loop that is meant to go on."""
         try:
-            self.tune_one(key[0], key[1], uid, stop)
+            self.tune_one(key.namespace, key.name, uid, stop)
         except Exception:  # noqa: BLE001 - a bug in one resource's thread must not end the others' tuning
-            log.exception("tuning %s/%s ended by an unexpected error; the next event for it starts a fresh thread",
-                          *key)
+            log.exception("tuning %s ended by an unexpected error; the next event for it starts a fresh thread", key)
         with self._lock:  # a finished thread leaves, so a later event can start a fresh one
             if self._workers.get(key) is not None and self._workers[key].stop is stop:
                 del self._workers[key]

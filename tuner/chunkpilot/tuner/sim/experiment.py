@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.loadgen.workloads import MIXES, SHAPES, Phase, build_workload, scaled
 from chunkpilot.tuner.history import HistoryEntry
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import SLOTargets, Window
+from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.sim.costmodel import Contended, StepCost
 from chunkpilot.tuner.sim.simulator import SimActuator, SimMeasurer, Simulator
 from chunkpilot.tuner.space import Knobs, SearchSpace

@@ -17,11 +17,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.loadgen.stats import RequestRecord
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.guide import Context
 from chunkpilot.tuner.interfaces import ReplicaCount
-from chunkpilot.tuner.measurement import SLOTargets, Window
+from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.sim.costmodel import StepCost
 from chunkpilot.tuner.sim.simulator import Simulator, load_over, model_over, window_over
 from chunkpilot.tuner.space import Knobs

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chunkpilot.loadgen.stats import SLO, RequestRecord
+from chunkpilot.contract.slo import SLOTargets
+from chunkpilot.loadgen.stats import RequestRecord, meets
 from chunkpilot.loadgen.workloads import MIXES, SHAPES, Phase, build_workload, scaled
 from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.measurement import LatencyTarget, SLOTargets
 from chunkpilot.tuner.sim.costmodel import StepCost
 from chunkpilot.tuner.sim.fleet import Fleet, FleetScaler, QueueScaler
 from chunkpilot.tuner.sim.simulator import SimActuator, SimMeasurer
@@ -64,7 +64,7 @@ class Ramp:
         return build_workload(self.phases(), vocab_size=49152, seed=self.seed, shapes=shapes)
 
     def slo(self) -> SLOTargets:
-        return SLOTargets(ttft=LatencyTarget(0.99, self.ttft), itl=LatencyTarget(0.99, self.itl))
+        return SLOTargets.p99(ttft=self.ttft, itl=self.itl)
 
 
 @dataclass
@@ -85,9 +85,9 @@ class PolicyResult:
 
 def attainment(records: list[RequestRecord], ramp: Ramp) -> tuple[float, int]:
     """The share of the requests that arrived after the lead-in which met every SLO, and how many arrived."""
-    slo = SLO(ttft=ramp.ttft, itl=ramp.itl, itl_percentile=99.0)
+    slo = ramp.slo()
     counted = [r for r in records if r.start >= ramp.lead]
-    return sum(1 for r in counted if r.end is not None and slo.met_by(r)) / max(1, len(counted)), len(counted)
+    return sum(1 for r in counted if r.end is not None and meets(r, slo)) / max(1, len(counted)), len(counted)
 
 
 class _Quiet:

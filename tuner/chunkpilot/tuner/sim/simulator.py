@@ -14,15 +14,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from chunkpilot.contract import step_cost
+from chunkpilot.contract.slo import DEFAULT_QUANTILE, SLOTargets
 from chunkpilot.engine.block_manager import BlockManager
 from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.proposers import propose_drafts
 from chunkpilot.engine.sampling_params import SamplingParams
 from chunkpilot.engine.scheduler import RunnerOutput, Scheduler, SchedulerConfig
 from chunkpilot.engine.sequence import Sequence
-from chunkpilot.loadgen.stats import SLO, RequestRecord
+from chunkpilot.loadgen.stats import RequestRecord, meets
 from chunkpilot.loadgen.workloads import RequestSpec
-from chunkpilot.tuner.measurement import SLOTargets, Window
+from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.predictor import Load, prompts_from_buckets
 from chunkpilot.tuner.sim.costmodel import StepCost
 from chunkpilot.tuner.space import Knobs
@@ -213,16 +214,14 @@ def window_over(sims: list[Simulator], now: float, seconds: float, slo: SLOTarge
     # requests in the system at t = arrived by t - finished by t
     in_system = [sum(1 for t, _, _ in arrivals if t <= at) - sum(1 for r in records if r.end is not None and r.end <= at)
                  for at in (t0, t1)]
-    met = SLO(ttft=slo.ttft.threshold if slo.ttft else None, itl=slo.itl.threshold if slo.itl else None,
-              itl_percentile=slo.itl.percentile * 100 if slo.itl else 99.0)
-    q_ttft = slo.ttft.percentile if slo.ttft else 0.99
-    q_itl = slo.itl.percentile if slo.itl else 0.99
+    q_ttft = slo.ttft.quantile if slo.ttft else DEFAULT_QUANTILE
+    q_itl = slo.itl.quantile if slo.itl else DEFAULT_QUANTILE
     busy = [[b for b in s.prefill_busy if t0 < b[0] <= t1] for s in sims]
     busy_pods = sum(1 for b in busy if b)
     flat = [b for bs in busy for b in bs]
     return Window(
         seconds=seconds, requests=len(done), request_rate=len(arrived) / seconds,
-        output_tokens_per_s=tokens / seconds, goodput=sum(1 for r in done if met.met_by(r)) / seconds,
+        output_tokens_per_s=tokens / seconds, goodput=sum(1 for r in done if meets(r, slo)) / seconds,
         ttft=float(np.quantile(ttfts, q_ttft)) if ttfts else None,
         itl=float(np.quantile(gaps, q_itl)) if gaps else None,
         mean_prompt_tokens=float(np.mean([p for p, _ in arrived])) if arrived else 0.0,
