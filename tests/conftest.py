@@ -8,6 +8,33 @@ import os
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh runs two workers with --dist loadgroup) a module's tests stay together on
+    one worker, so its module fixtures start once, and every test on the local cluster's node is in one group: a
+    host runs one kubelet, so those modules must never run at the same time."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = "cluster" if item.get_closest_marker("cluster") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def require_tool(name: str, how: str) -> str:
+    """The tool's path (PATH, then the cache's bin/ where scripts/go-tools.sh builds helm and kubeconform). In CI a
+    missing tool fails the test; locally it skips with how to get it."""
+    import shutil
+    from pathlib import Path
+
+    cache_bin = Path(os.environ.get("CHUNKPILOT_CACHE", Path.home() / ".cache" / "chunkpilot")) / "bin"
+    found = shutil.which(name) or shutil.which(name, path=str(cache_bin))
+    if found:
+        return found
+    message = f"{name} is not installed: {how}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir():
     from chunkpilot.engine.model_fetch import ModelFetchError, fetch
