@@ -35,6 +35,30 @@ def test_engine_image_runs_as_non_root_with_the_serve_entrypoint():
     assert 'ENTRYPOINT ["chunkpilot", "engine", "serve"]' in text
 
 
+def _source_dirs() -> list[str]:
+    """The source tree's folders that the editable install puts on sys.path (pyproject's dev-mode-dirs)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return [str(ROOT / d) for d in project["tool"]["hatch"]["build"]["dev-mode-dirs"]]
+
+
+def _isolated(site: Path, refuse: tuple[str, ...]) -> str:
+    """Python that takes the source tree (the editable install's folders) and the working directory off sys.path,
+    puts an image's extracted wheel first, and refuses to import `refuse` (packages the image does not have)."""
+    sources = ["", str(ROOT), *_source_dirs()]
+    return f"""
+import importlib, importlib.abc, sys
+sys.path[:] = [p for p in sys.path if p not in {sources!r}]
+sys.path.insert(0, "{site}")
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in {refuse!r} or name.startswith(tuple(r + "." for r in {refuse!r})):
+            raise ImportError(name + " is not in this image")
+sys.meta_path.insert(0, Refuse())
+"""
+
+
 def _built_from(dockerfile: Path, tmp: Path) -> Path:
     """The wheel `pip install .` builds inside the image: only the COPY'd paths, as the Dockerfile copies them."""
     src = tmp / "src"
@@ -63,18 +87,7 @@ def test_operator_and_tuner_images_carry_no_engine_and_start_without_torch(part,
     assert "chunkpilot/contract/knobs.py" in names and f"chunkpilot/{part}/" in {n[:len(part) + 12] for n in names}
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    # the source tree's folders (the editable install) and the working directory leave the path; the venv stays
-    sources = ["", str(ROOT)] + [str(ROOT / d) for d in ("contract", "engine_image", "cli", "loadgen", "operator",
-                                                         "tuner")]
-    code = f"""
-import importlib.abc, sys
-sys.path[:] = [p for p in sys.path if p not in {sources!r}]
-sys.path.insert(0, "{site}")
-class Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name in ("torch", "chunkpilot.engine") or name.startswith(("torch.", "chunkpilot.engine.")):
-            raise ImportError(name + " is not in this image")
-sys.meta_path.insert(0, Refuse())
+    code = _isolated(site, refuse=("torch", "chunkpilot.engine")) + f"""
 from typer.testing import CliRunner
 from chunkpilot.cli.main import app
 import chunkpilot.{ "operator.handlers" if part == "operator" else "tuner.daemon, chunkpilot.tuner.local" }
@@ -85,6 +98,35 @@ print("ok")
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("part", ["engine_image", "operator", "tuner"])
+def test_every_module_an_image_carries_imports_from_what_the_image_carries(part, tmp_path):
+    """Each image's file set (its Dockerfile's COPY lines) is whole: every module in it imports with the source tree
+    off the path, and in the operator and tuner images without torch. A module that needs a folder its image does
+    not copy (a simulator importing the engine, in the tuner image) fails here."""
+    import zipfile
+
+    wheel = _built_from(ROOT / part / "Dockerfile", tmp_path)
+    names = zipfile.ZipFile(wheel).namelist()
+    modules = sorted(n[:-3].replace("/", ".").removesuffix(".__init__") for n in names
+                     if n.startswith("chunkpilot/") and n.endswith(".py"))
+    assert len(modules) > 10, names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    refuse = () if part == "engine_image" else ("torch", "transformers")
+    code = _isolated(site, refuse) + f"""
+failed = []
+for name in {modules!r}:
+    try:
+        module = importlib.import_module(name)
+        assert module.__file__.startswith("{site}"), module.__file__
+    except Exception as e:
+        failed.append(name + ": " + type(e).__name__ + ": " + str(e))
+print("FAILED", failed)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0 and "FAILED []" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
 
 
 def test_the_engine_image_carries_the_engine_and_its_contracts(tmp_path):

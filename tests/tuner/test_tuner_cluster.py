@@ -118,6 +118,7 @@ def test_tuner_process_holds_when_prometheus_is_unreachable(k, control_plane, ch
     ns = k.ns
     k.create(sample("tuned", ns))  # auto mode
     k.create(sample("plain", ns, tuning__mode="off"))
+    k.create(sample("second", ns))  # tuned too: deleted below while the tuner runs
     k.patch("tuned", {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]}},
             ns, status=True)
     mark = control_plane.audit_mark()
@@ -150,8 +151,8 @@ def test_tuner_process_holds_when_prometheus_is_unreachable(k, control_plane, ch
         consistently(lambda: len(warnings()) == 1, until=lambda: holds_published() >= 3, timeout=45, poll=0.25,
                      what="one MeasurementsUnavailable warning over three holds")
         # Deleting a tuned resource stops its tuning thread.
-        k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", ns, "inferencedeployments", "legacy")
-        assert wait_for(lambda: k.get("inferencedeployments", ns, "legacy") is None, 10, poll=0.25), proc.log()
+        k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", ns, "inferencedeployments", "second")
+        assert wait_for(lambda: k.get("inferencedeployments", ns, "second") is None, 10, poll=0.25), proc.log()
         assert proc.stop() == 0, proc.log()
     # With the tuner down (or uninstalled), deleting a tuned resource is not blocked by anything of the tuner's.
     k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", ns, "inferencedeployments", "tuned")
