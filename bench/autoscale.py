@@ -24,8 +24,8 @@ from common import conditions, pyplot, save
 
 from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.loop import TunerSettings
-from chunkpilot.tuner.sim.costmodel import default
-from chunkpilot.tuner.sim.scaling import START, Ramp, run_policy
+from chunkpilot.sim.costmodel import default
+from chunkpilot.sim.scaling import START, Ramp, run_policy
 from chunkpilot.tuner.space import Knobs
 
 QUEUE_TARGETS = (4.0, 2.0, 1.0, 0.5, 0.25)

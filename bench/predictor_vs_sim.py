@@ -13,9 +13,9 @@ from common import conditions, pyplot, save
 
 from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.predictor import predict
-from chunkpilot.tuner.sim.costmodel import default
-from chunkpilot.tuner.sim.experiment import Scenario
-from chunkpilot.tuner.sim.simulator import Simulator
+from chunkpilot.sim.costmodel import default
+from chunkpilot.sim.experiment import Scenario
+from chunkpilot.sim.simulator import Simulator
 from chunkpilot.tuner.space import Knobs
 
 KNOBS = [Knobs(48, 48), Knobs(128, 64), Knobs(256, 128), Knobs(512, 256), Knobs(2048, 1024)]

@@ -21,9 +21,9 @@ import numpy as np
 from common import conditions, model_dir, pyplot, save
 
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark
-from chunkpilot.tuner.sim.costmodel import default
-from chunkpilot.tuner.sim.experiment import Scenario
-from chunkpilot.tuner.sim.simulator import Simulator
+from chunkpilot.sim.costmodel import default
+from chunkpilot.sim.experiment import Scenario
+from chunkpilot.sim.simulator import Simulator
 from chunkpilot.tuner.space import Knobs
 
 

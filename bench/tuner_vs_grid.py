@@ -31,8 +31,8 @@ from common import conditions, pyplot, save
 
 from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.loop import TunerSettings
-from chunkpilot.tuner.sim.costmodel import default, gpu_shaped
-from chunkpilot.tuner.sim.experiment import Scenario, evaluate, tune
+from chunkpilot.sim.costmodel import default, gpu_shaped
+from chunkpilot.sim.experiment import Scenario, evaluate, tune
 from chunkpilot.tuner.space import Knobs, SearchSpace
 
 TTFT_SLO = 20.0

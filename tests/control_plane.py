@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from chunkpilot.tuner.child_process import die_with_parent, free_port, log_tail, stop_process
+from chunkpilot.lab.child_process import die_with_parent, free_port, log_tail, stop_process
 
 KUBE_VERSION = os.environ.get("CHUNKPILOT_KUBE_VERSION", "v1.34.4")
 CACHE = Path(os.environ.get("CHUNKPILOT_CACHE", Path.home() / ".cache" / "chunkpilot"))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from chunkpilot.tuner.child_process import free_port, stop_process
+from chunkpilot.lab.child_process import free_port, stop_process
 
 from .control_plane import CACHE, KUBE_VERSION, ControlPlane, find_binaries
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from chunkpilot.tuner.child_process import free_port, stop_process
+from chunkpilot.lab.child_process import free_port, stop_process
 
 HOW = "sudo apt-get install postgresql (Debian/Ubuntu), or put initdb and postgres on PATH"
 

@@ -18,8 +18,8 @@ from chunkpilot.demo.run import KNOB_BOUNDS, MAX_NUM_SEQS, DemoConfig
 from chunkpilot.contract import step_cost
 from chunkpilot.loadgen.workloads import build_workload
 from chunkpilot.tuner.predictor import predict
-from chunkpilot.tuner.sim.costmodel import CostModel
-from chunkpilot.tuner.sim.simulator import Simulator
+from chunkpilot.sim.costmodel import CostModel
+from chunkpilot.sim.simulator import Simulator
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.step_model import IDENTIFIED, NEGLIGIBLE, StepModel, fit_moments
 
@@ -147,7 +147,7 @@ def simulated_check(truth: StepModel, slowdown=lambda i: 1.0, busy=lambda i: 0.0
     each on an engine whose steps cost `truth` times slowdown(i) at the i-th check (0-based), the host's other
     programs taking busy(i) of the CPU; the contention it reports is what the steps cost against `truth`."""
     from chunkpilot.demo.check import itl_p99, share_over
-    from chunkpilot.tuner.sim.costmodel import FittedCost
+    from chunkpilot.sim.costmodel import FittedCost
     calls = []
 
     def measure(config, knobs, predicted):

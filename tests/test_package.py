@@ -35,7 +35,8 @@ def test_wheel_holds_every_part_and_no_namespace_init(wheel):
     assert "chunkpilot/loadgen/runner.py" in names
     assert "chunkpilot/api/types.py" in names and "chunkpilot/operator/builders.py" in names
     assert "chunkpilot/kube/client.py" in names and "chunkpilot/kube/kopf_process.py" in names
-    assert "chunkpilot/tuner/loop.py" in names and "chunkpilot/tuner/sim/cost_smollm2_cpu.json" in names
+    assert "chunkpilot/tuner/loop.py" in names and "chunkpilot/sim/cost_smollm2_cpu.json" in names
+    assert "chunkpilot/demo/run.py" in names and "chunkpilot/lab/child_process.py" in names
     assert "chunkpilot/__init__.py" not in names  # PEP 420 namespace
 
 
@@ -46,7 +47,8 @@ def test_wheel_imports_without_the_source_tree(wheel, tmp_path):
         "import chunkpilot.engine, chunkpilot.cli.main, chunkpilot.loadgen, chunkpilot.api, chunkpilot.kube.client, chunkpilot.operator.handlers, chunkpilot.tuner.daemon;"
         "assert chunkpilot.engine.__file__.startswith(%r), chunkpilot.engine.__file__;"
         "from chunkpilot.engine import LLM, SamplingParams; print('ok')"
-    ) % ([str(ROOT / d) for d in ("contract", "engine_image", "cli", "loadgen", "operator", "tuner")] + ["", str(ROOT)], str(tmp_path),
+    ) % ([str(ROOT / d) for d in ("contract", "controller_runtime", "engine_image", "cli", "loadgen", "operator", "tuner",
+                               "lab")] + ["", str(ROOT)], str(tmp_path),
          str(tmp_path))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -167,18 +169,21 @@ print("ok")
 
 
 def test_the_demo_uses_the_tuner_through_its_public_names():
-    """chunkpilot.tuner and chunkpilot.tuner.sim declare what callers may use (their __all__); the demo imports
+    """chunkpilot.tuner and chunkpilot.sim declare what callers may use (their __all__); the demo imports
     nothing else of them, so the tuner's modules can move without breaking it. Every declared name resolves."""
     import ast
     import importlib
 
-    for package in ("chunkpilot.tuner", "chunkpilot.tuner.sim"):
+    for package in ("chunkpilot.tuner", "chunkpilot.sim", "chunkpilot.lab"):
         module = importlib.import_module(package)
         assert all(getattr(module, name) is not None for name in module.__all__)
-    for path in (ROOT / "cli" / "chunkpilot" / "demo").glob("*.py"):
+    demo = sorted((ROOT / "lab" / "chunkpilot" / "demo").glob("*.py"))
+    assert demo
+    for path in demo:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("chunkpilot.tuner"):
-                assert node.module in ("chunkpilot.tuner", "chunkpilot.tuner.sim"), (path.name, node.module)
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+                    ("chunkpilot.tuner", "chunkpilot.sim", "chunkpilot.lab")):
+                assert node.module in ("chunkpilot.tuner", "chunkpilot.sim", "chunkpilot.lab"), (path.name, node.module)
                 public = importlib.import_module(node.module).__all__
                 assert {a.name for a in node.names} <= set(public), (path.name, node.module)
 

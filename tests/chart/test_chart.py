@@ -197,7 +197,7 @@ def test_every_metric_name_is_defined_in_code(tmp_path):
 
 def test_every_expression_runs_on_prometheus_that_scraped_an_engine(smollm2_dir, tmp_path):
     require_tool("prometheus", "sudo apt-get install prometheus")
-    from chunkpilot.tuner.prometheus_server import PrometheusServer
+    from chunkpilot.lab.prometheus_server import PrometheusServer
 
     from ..engine.server_proc import EngineServer, wait_for
 

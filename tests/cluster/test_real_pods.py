@@ -26,8 +26,8 @@ import pytest
 
 from chunkpilot.api.types import GROUP, PLURAL, VERSION
 from chunkpilot.contract import metric_names as m
-from chunkpilot.tuner.child_process import stop_process
-from chunkpilot.tuner.prometheus_server import PrometheusServer
+from chunkpilot.lab.child_process import stop_process
+from chunkpilot.lab.prometheus_server import PrometheusServer
 
 from ..conftest import install_chart_accounts, service_account_user
 from ..operator.operator_proc import Cluster, operator, sample, tuner

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from chunkpilot.tuner.child_process import free_port, stop_process, wait_http_ready
+from chunkpilot.lab.child_process import free_port, stop_process, wait_http_ready
 
 
 class EngineServer:

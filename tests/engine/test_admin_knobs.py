@@ -14,7 +14,7 @@ import pytest
 
 from chunkpilot.contract.knobs import SchedulerKnobs, write_knobs
 from chunkpilot.engine.admin import KNOBS_PATH, MAX_BODY_BYTES, build_admin_app
-from chunkpilot.tuner.child_process import free_port
+from chunkpilot.lab.child_process import free_port
 
 from .server_proc import EngineServer, assert_openai_error, wait_for
 

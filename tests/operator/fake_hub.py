@@ -12,7 +12,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
-from chunkpilot.tuner.child_process import free_port
+from chunkpilot.lab.child_process import free_port
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 LFS_SUFFIXES = (".safetensors",)  # stored with Git LFS on the Hub: ETag is the content's sha256

@@ -16,7 +16,7 @@ import yaml
 from kubernetes.client import ApiException
 
 from chunkpilot.api.types import GROUP, PLURAL, VERSION
-from chunkpilot.tuner.child_process import free_port, log_tail, stop_process
+from chunkpilot.lab.child_process import free_port, log_tail, stop_process
 
 from ..control_plane import die_with_parent
 

@@ -95,7 +95,7 @@ class FakePods:
         import socket
         import threading
 
-        from chunkpilot.tuner.child_process import free_port
+        from chunkpilot.lab.child_process import free_port
 
         self.port, self.behave, self.sent = free_port(), behave, [0] * n
         self.socks, self.threads, self.stopping = [], [], threading.Event()

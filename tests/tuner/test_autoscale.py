@@ -16,10 +16,10 @@ from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.metrics import CURRENT_REPLICAS, DESIRED_REPLICAS, MAX_REPLICAS, TunerMetrics
 from chunkpilot.tuner.predictor import Load
-from chunkpilot.tuner.sim.costmodel import default
-from chunkpilot.tuner.sim.experiment import _Quiet
-from chunkpilot.tuner.sim.fleet import Fleet
-from chunkpilot.tuner.sim.scaling import Ramp, run_policy
+from chunkpilot.sim.costmodel import default
+from chunkpilot.sim.experiment import _Quiet
+from chunkpilot.sim.fleet import Fleet
+from chunkpilot.sim.scaling import Ramp, run_policy
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import ScalingState, TunerState, conditions, dump, status_autoscaling
 from chunkpilot.tuner.study import TunerStudy

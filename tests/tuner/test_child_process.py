@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from chunkpilot.tuner.child_process import free_port, stop_process, wait_http_ready
+from chunkpilot.lab.child_process import free_port, stop_process, wait_http_ready
 
 
 def start(tmp_path, code: str) -> tuple[subprocess.Popen, object]:

@@ -14,9 +14,9 @@ from chunkpilot.tuner.daemon import StatusPublisher
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.metrics import FEASIBLE, REPLICAS_NEEDED, TunerMetrics
 from chunkpilot.tuner.predictor import Load
-from chunkpilot.tuner.sim.costmodel import default
-from chunkpilot.tuner.sim.experiment import Scenario, _Quiet
-from chunkpilot.tuner.sim.simulator import SimActuator, SimMeasurer, Simulator
+from chunkpilot.sim.costmodel import default
+from chunkpilot.sim.experiment import Scenario, _Quiet
+from chunkpilot.sim.simulator import SimActuator, SimMeasurer, Simulator
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import conditions, dump, status_tuning
 from chunkpilot.tuner.step_model import StepModel

@@ -11,9 +11,9 @@ import pytest
 
 from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.predictor import Load, predict
-from chunkpilot.tuner.sim.costmodel import default
-from chunkpilot.tuner.sim.experiment import Scenario
-from chunkpilot.tuner.sim.simulator import Simulator
+from chunkpilot.sim.costmodel import default
+from chunkpilot.sim.experiment import Scenario
+from chunkpilot.sim.simulator import Simulator
 from chunkpilot.tuner.space import Knobs
 
 SLO = SLOTargets(ttft=LatencyTarget(0.99, 5.0), itl=LatencyTarget(0.99, 0.5))
@@ -53,7 +53,7 @@ def test_with_speculative_decoding_the_step_model_stays_identified_and_the_itl_p
     draft tokens it predicts faster decode steps than the simulated ones."""
     from dataclasses import replace
 
-    from chunkpilot.tuner.sim.simulator import SimSpeculation
+    from chunkpilot.sim.simulator import SimSpeculation
 
     seconds, warmup = 300.0, 60.0
     sim = Simulator(COST, Scenario(rate=0.9, mix="mixed", seed=0).workload(seconds + warmup, seed_offset=1000), knobs,
@@ -105,7 +105,7 @@ def test_every_tuning_window_records_predicted_next_to_measured():
     """The loop on the simulator: each window's history entry carries the predictor's view of its knobs at its
     load, so the model's error is visible before it steers anything."""
     from chunkpilot.tuner.loop import TunerSettings
-    from chunkpilot.tuner.sim.experiment import tune
+    from chunkpilot.sim.experiment import tune
     from chunkpilot.tuner.space import SearchSpace
 
     space = SearchSpace.from_bounds((16, 1024), (16, 1024))

@@ -82,7 +82,7 @@ def test_non_finite_answers_of_the_real_prometheus_are_no_value(tmp_path):
     """PromQL divides by zero to ±Inf (a ratio over an idle window). Before, +Inf went into the status patch,
     which the API server refuses, and the tuner crash-looped."""
     from chunkpilot.tuner.prometheus import PrometheusSource
-    from chunkpilot.tuner.prometheus_server import PrometheusServer
+    from chunkpilot.lab.prometheus_server import PrometheusServer
 
     from ..conftest import require_tool
 

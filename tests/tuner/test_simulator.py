@@ -7,9 +7,9 @@ import pytest
 from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.loop import TunerSettings
-from chunkpilot.tuner.sim.costmodel import CostModel, default, fit, relative_error, step_features
-from chunkpilot.tuner.sim.experiment import Scenario, evaluate, tune
-from chunkpilot.tuner.sim.simulator import Simulator
+from chunkpilot.sim.costmodel import CostModel, default, fit, relative_error, step_features
+from chunkpilot.sim.experiment import Scenario, evaluate, tune
+from chunkpilot.sim.simulator import Simulator
 from chunkpilot.tuner.space import Knobs, SearchSpace
 
 COST = CostModel(overhead=0.01, prefill_tokens=0.001, decode_seqs=0.002, kv_reads=0.0)

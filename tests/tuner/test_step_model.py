@@ -160,7 +160,7 @@ def test_an_upper_bound_is_never_below_the_point_prediction_and_a_hand_given_cos
 
 
 def test_contention_noise_keeps_the_mean_and_spans_the_range_it_says():
-    from chunkpilot.tuner.sim.costmodel import Contended, default
+    from chunkpilot.sim.costmodel import Contended, default
 
     cost = default()
     chunks = [(0, 64, False), (100, 1, True)]

@@ -17,7 +17,7 @@ from chunkpilot.loadgen.workloads import Phase, Shape, build_workload
 from chunkpilot.tuner.config import TuningConfig
 from chunkpilot.tuner.local import build_local
 from chunkpilot.tuner.loop import TunerSettings
-from chunkpilot.tuner.prometheus_server import PrometheusServer
+from chunkpilot.lab.prometheus_server import PrometheusServer
 from chunkpilot.tuner.space import Knobs
 
 from ..conftest import require_tool

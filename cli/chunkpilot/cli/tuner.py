@@ -128,7 +128,7 @@ def fit_cost(
     import platform
     import time
 
-    from chunkpilot.tuner.sim.fit import fit_engine
+    from chunkpilot.sim.fit import fit_engine
 
     note = f"{model.name}, {platform.machine()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
     cost, err, n = fit_engine(str(model), seconds=seconds, threads=threads, note=note)

@@ -1,5 +1,5 @@
 """Public names that load on first use (PEP 562), for the packages that declare them (chunkpilot.engine,
-chunkpilot.tuner, chunkpilot.tuner.sim): importing one part of a package does not import every part, which keeps
+chunkpilot.tuner, chunkpilot.sim): importing one part of a package does not import every part, which keeps
 torch out of torch-free callers and import cycles out of packages whose modules import each other."""
 
 from __future__ import annotations

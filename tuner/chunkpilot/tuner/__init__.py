@@ -20,12 +20,9 @@ _EXPORTS = {
     "StepModel": "chunkpilot.tuner.step_model", "reference_steps": "chunkpilot.tuner.step_model",
     "Load": "chunkpilot.tuner.predictor", "predict": "chunkpilot.tuner.predictor",
     "PRIOR_SPREAD": "chunkpilot.tuner.guide",
-    # Prometheus: the queries, and a server process for local use
+    # Prometheus: the queries
     "PrometheusSource": "chunkpilot.tuner.prometheus", "quantile_query": "chunkpilot.tuner.prometheus",
-    "step_moments_query": "chunkpilot.tuner.prometheus", "PrometheusServer": "chunkpilot.tuner.prometheus_server",
-    # child processes (engines, Prometheus) started and stopped cleanly
-    "free_port": "chunkpilot.tuner.child_process", "stop_process": "chunkpilot.tuner.child_process",
-    "wait_http_ready": "chunkpilot.tuner.child_process",
+    "step_moments_query": "chunkpilot.tuner.prometheus",
 }
 __all__ = list(_EXPORTS)
 

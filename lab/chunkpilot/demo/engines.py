@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from chunkpilot.tuner import free_port, stop_process, wait_http_ready
+from chunkpilot.lab import free_port, stop_process, wait_http_ready
 
 
 class EngineProcess:

@@ -17,8 +17,8 @@ from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
 from chunkpilot.loadgen.stats import RequestRecord, meets
 from chunkpilot.loadgen.workloads import Phase, Shape, build_workload, scaled
-from chunkpilot.tuner import (Knobs, PrometheusServer, SearchSpace, TunerLoop, TunerSettings, TuningConfig,
-                              build_local)
+from chunkpilot.lab import PrometheusServer
+from chunkpilot.tuner import Knobs, SearchSpace, TunerLoop, TunerSettings, TuningConfig, build_local
 
 from chunkpilot.demo.engines import EngineProcess
 

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from chunkpilot.tuner.sim.costmodel import CostModel, fit, relative_error, step_features
+from chunkpilot.sim.costmodel import CostModel, fit, relative_error, step_features
 
 KNOB_CYCLE = [(32, 32), (64, 32), (128, 64), (256, 128), (512, 256), (1024, 512), (2048, 1024)]
 

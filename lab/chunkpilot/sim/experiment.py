@@ -10,8 +10,8 @@ from chunkpilot.loadgen.workloads import MIXES, SHAPES, Phase, build_workload, s
 from chunkpilot.tuner.history import HistoryEntry
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.measurement import Window
-from chunkpilot.tuner.sim.costmodel import Contended, StepCost
-from chunkpilot.tuner.sim.simulator import SimActuator, SimMeasurer, Simulator
+from chunkpilot.sim.costmodel import Contended, StepCost
+from chunkpilot.sim.simulator import SimActuator, SimMeasurer, Simulator
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import TunerState
 from chunkpilot.tuner.study import TunerStudy

@@ -23,8 +23,8 @@ from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.guide import Context
 from chunkpilot.tuner.interfaces import ReplicaCount
 from chunkpilot.tuner.measurement import Window
-from chunkpilot.tuner.sim.costmodel import StepCost
-from chunkpilot.tuner.sim.simulator import Simulator, load_over, model_over, window_over
+from chunkpilot.sim.costmodel import StepCost
+from chunkpilot.sim.simulator import Simulator, load_over, model_over, window_over
 from chunkpilot.tuner.space import Knobs
 
 BALANCERS = ("least-loaded", "round-robin")

@@ -17,9 +17,9 @@ from chunkpilot.loadgen.stats import RequestRecord, meets
 from chunkpilot.loadgen.workloads import MIXES, SHAPES, Phase, build_workload, scaled
 from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
-from chunkpilot.tuner.sim.costmodel import StepCost
-from chunkpilot.tuner.sim.fleet import Fleet, FleetScaler, QueueScaler
-from chunkpilot.tuner.sim.simulator import SimActuator, SimMeasurer
+from chunkpilot.sim.costmodel import StepCost
+from chunkpilot.sim.fleet import Fleet, FleetScaler, QueueScaler
+from chunkpilot.sim.simulator import SimActuator, SimMeasurer
 from chunkpilot.tuner.space import Knobs, SearchSpace
 from chunkpilot.tuner.state import TunerState
 from chunkpilot.tuner.study import TunerStudy

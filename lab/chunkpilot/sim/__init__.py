@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from chunkpilot.contract import lazy
 
-_EXPORTS = {"Simulator": "chunkpilot.tuner.sim.simulator", "FittedCost": "chunkpilot.tuner.sim.costmodel"}
+_EXPORTS = {"Simulator": "chunkpilot.sim.simulator", "FittedCost": "chunkpilot.sim.costmodel"}
 __all__ = list(_EXPORTS)
 
 

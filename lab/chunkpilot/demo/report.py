@@ -48,7 +48,7 @@ def hindsight(run: DemoRun) -> dict | None:
     from chunkpilot.loadgen.stats import meets
     from chunkpilot.loadgen.workloads import build_workload
     from chunkpilot.tuner import PrometheusSource, SearchSpace
-    from chunkpilot.tuner.sim import FittedCost, Simulator
+    from chunkpilot.sim import FittedCost, Simulator
 
     config = run.config
     seconds = max(30.0, time.time() - run.started)

@@ -25,7 +25,7 @@ from chunkpilot.loadgen.stats import RequestRecord, meets
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.predictor import Load, prompts_from_buckets
-from chunkpilot.tuner.sim.costmodel import StepCost
+from chunkpilot.sim.costmodel import StepCost
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.step_model import StepModel, fit_moments
 

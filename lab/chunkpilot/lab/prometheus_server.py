@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from chunkpilot.tuner.child_process import die_with_parent, free_port, stop_process, wait_http_ready
+from chunkpilot.lab.child_process import die_with_parent, free_port, stop_process, wait_http_ready
 
 
 class PrometheusServer:
