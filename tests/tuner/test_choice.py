@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from chunkpilot.contract.step_cost import FEATURES
 from chunkpilot.tuner import guide
-from chunkpilot.tuner.choice import Choice, Memory, Observation, TrialKind, choose
+from chunkpilot.tuner.choice import Choice, Memory, Observation, choose
+from chunkpilot.tuner.history import TrialKind
 from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.predictor import Load
 from chunkpilot.tuner.space import SearchSpace

@@ -9,7 +9,7 @@ from optuna.trial import TrialState
 
 from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner import guide
-from chunkpilot.tuner.choice import TrialKind
+from chunkpilot.tuner.history import TrialKind
 from chunkpilot.tuner.daemon import StatusPublisher
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.metrics import FEASIBLE, REPLICAS_NEEDED, TunerMetrics

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chunkpilot.tuner.choice import TrialKind
+from chunkpilot.tuner.history import TrialKind
 from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner.interfaces import MeasurementUnavailable
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings

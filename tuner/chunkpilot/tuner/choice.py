@@ -12,33 +12,16 @@ model, Optuna's ask as it comes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from chunkpilot.tuner import guide, reasons
 from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.tuner.measurement import load_of, load_shift
+from chunkpilot.tuner.history import TrialKind
 from chunkpilot.tuner.space import Knobs
 
 if TYPE_CHECKING:
     from chunkpilot.tuner.study import Measured
-
-
-class TrialKind(StrEnum):
-    """Why a trial was queued (stored as the trial's `kind`; str-valued so the study holds the same string).
-    Optuna's own asks have no kind."""
-
-    INCUMBENT = "incumbent"  # the best knobs measured again (load-aware comparison), or a new epoch's seed
-    PREDICTED = "predicted"  # the step-time model's pick among the allowed knobs
-    IDENTIFY = "identify"  # safe knobs whose steps pin down a term the pick turns on
-    CLOSEST = "closest"  # nothing allowed: the knobs closest to keeping the SLOs
-    OBSERVED = "observed"  # advisory: the knobs that run
-    RESUMED = "resumed"  # Optuna's ask an earlier tuner left running, queued again
-
-    @property
-    def unscreened(self) -> bool:
-        """Tried as asked: the tuner (or the tuner before a restart) chose these knobs itself."""
-        return self in (TrialKind.INCUMBENT, TrialKind.PREDICTED, TrialKind.IDENTIFY, TrialKind.RESUMED)
 
 
 @dataclass(frozen=True)

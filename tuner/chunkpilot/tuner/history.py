@@ -1,4 +1,5 @@
-"""One recorded window, as the tuning loop keeps it (`TunerState.history`), the study remembers it (study.py) and
+"""Why a trial was asked (`TrialKind`, stored with the trial by study.py and chosen by choice.py), and one recorded
+window, as the tuning loop keeps it (`TunerState.history`), the study remembers it (study.py) and
 the status file, the demo's report and the benchmarks read it. `HistoryEntry.to_dict` is the one serialized shape
 (the study's memory, the local status file, the demo's JSON, bench results); `from_dict` reads it back."""
 
@@ -9,6 +10,23 @@ from enum import StrEnum
 
 from chunkpilot.tuner.measurement import Window, window_of
 from chunkpilot.tuner.space import Knobs
+
+
+class TrialKind(StrEnum):
+    """Why a trial was queued (stored as the trial's `kind`; str-valued so the study holds the same string).
+    Optuna's own asks have no kind."""
+
+    INCUMBENT = "incumbent"  # the best knobs measured again (load-aware comparison), or a new epoch's seed
+    PREDICTED = "predicted"  # the step-time model's pick among the allowed knobs
+    IDENTIFY = "identify"  # safe knobs whose steps pin down a term the pick turns on
+    CLOSEST = "closest"  # nothing allowed: the knobs closest to keeping the SLOs
+    OBSERVED = "observed"  # advisory: the knobs that run
+    RESUMED = "resumed"  # Optuna's ask an earlier tuner left running, queued again
+
+    @property
+    def unscreened(self) -> bool:
+        """Tried as asked: the tuner (or the tuner before a restart) chose these knobs itself."""
+        return self in (TrialKind.INCUMBENT, TrialKind.PREDICTED, TrialKind.IDENTIFY, TrialKind.RESUMED)
 
 
 class WindowKind(StrEnum):

@@ -39,7 +39,7 @@ from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner import autoscale, choice, guide, policy, reasons
 from chunkpilot.tuner.autoscale import ReplicaCoordinator, ScalingPolicy
-from chunkpilot.tuner.choice import TrialKind
+from chunkpilot.tuner.history import TrialKind
 from chunkpilot.tuner.history import Forecast, HistoryEntry, Screening, WindowKind
 from chunkpilot.tuner.interfaces import Actuator, MeasurementUnavailable, Measurer, Publisher, Scaler
 from chunkpilot.tuner.predictor import predict

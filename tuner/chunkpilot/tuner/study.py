@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from chunkpilot.contract.slo import SLOTargets
-from chunkpilot.tuner.choice import TrialKind
+from chunkpilot.tuner.history import TrialKind
 from chunkpilot.tuner.history import HistoryEntry
 from chunkpilot.tuner.measurement import Window, constraints, objective_value, prompt_demand, window_of
 from chunkpilot.tuner.space import Knobs, SearchSpace
