@@ -119,31 +119,52 @@ def test_engine_generate_reports_bad_input(smollm2_dir):
     assert res.exit_code == 2 and "top_p must be in (0, 1]" in res.output
 
 
-def test_operator_and_tuner_are_siblings_on_one_ground_floor():
-    """Both stand on chunkpilot.api and chunkpilot.kube; neither imports the other (so one can change without
-    breaking the other's image), and the ground floor imports neither."""
-    import ast
+# Who may import whom, package by package (docs/architecture.md shows the same table): the ground floor
+# (contract, api) imports nothing above it; the controller runtime stands on it; operator and tuner are siblings on
+# both and never import each other or the engine; the engine stands on the contracts alone; lab code (simulator,
+# demo, process helpers) may use the product but nothing of the product uses it; the CLI reaches every part, each
+# command lazily.
+MAY_IMPORT = {
+    "contract": set(),
+    "api": {"contract"},
+    "kube": {"contract", "api"},
+    "engine": {"contract"},
+    "loadgen": {"contract"},
+    "operator": {"contract", "api", "kube"},
+    "tuner": {"contract", "api", "kube"},
+    "lab": {"contract"},
+    "sim": {"contract", "api", "engine", "loadgen", "tuner", "lab"},
+    "demo": {"contract", "api", "loadgen", "tuner", "sim", "lab"},
+    "cli": {"contract", "api", "kube", "engine", "loadgen", "operator", "tuner", "sim", "demo", "lab"},
+}
 
-    def imported(folder: Path) -> set[str]:
-        out = set()
-        for path in folder.rglob("*.py"):
+
+def test_each_package_imports_only_the_layers_below_it():
+    """Every import of every chunkpilot module (module level or inside a function), read from the source: a
+    package imports only what MAY_IMPORT allows, and every package of the tree is in the table."""
+    import ast
+    import tomllib
+
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["dev-mode-dirs"]
+    found, wrong = set(), []
+    for folder in folders:
+        for path in (ROOT / folder / "chunkpilot").rglob("*.py"):
+            package = path.relative_to(ROOT / folder / "chunkpilot").parts[0]
+            found.add(package)
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ImportFrom) and node.module:
-                    out.add(node.module)
+                    names = [node.module]
                 elif isinstance(node, ast.Import):
-                    out |= {a.name for a in node.names}
-        return out
-
-    def within(mods: set[str], package: str) -> set[str]:
-        return {m for m in mods if m == package or m.startswith(package + ".")}
-
-    tuner = imported(ROOT / "tuner" / "chunkpilot" / "tuner")
-    operator = imported(ROOT / "operator" / "chunkpilot" / "operator")
-    floor = imported(ROOT / "contract" / "chunkpilot" / "kube")
-    assert not within(tuner, "chunkpilot.operator"), within(tuner, "chunkpilot.operator")
-    assert not within(operator, "chunkpilot.tuner"), within(operator, "chunkpilot.tuner")
-    assert not within(floor, "chunkpilot.operator") | within(floor, "chunkpilot.tuner")
-    assert within(tuner, "chunkpilot.kube") and within(operator, "chunkpilot.kube")
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                for name in names:
+                    parts = name.split(".")
+                    if parts[0] == "chunkpilot" and len(parts) > 1 and parts[1] != package \
+                            and parts[1] not in MAY_IMPORT.get(package, set()):
+                        wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert found == set(MAY_IMPORT), found ^ set(MAY_IMPORT)
+    assert not wrong, wrong
 
 
 def test_operator_tuner_and_their_contracts_import_without_the_engine_or_torch():
