@@ -3,7 +3,7 @@
 # Kubernetes binaries and the cluster's add-ons (CoreDNS, the Prometheus Operator), the three images for the local
 # cluster's pods (root: mmdebstrap), then every test.
 # Extra arguments go to pytest. Two workers (pytest-xdist; CHUNKPILOT_TEST_WORKERS=0 for one process): the local
-# cluster's modules run on one of them, one after the other (tests/conftest.py groups them), and mostly wait on the
+# cluster's modules run on one of them, one after the other (tests/conftest.py's scheduler), and mostly wait on the
 # node while the other worker runs the rest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,4 +13,4 @@ bash scripts/go-tools.sh
 bash scripts/kube-tools.sh
 bash scripts/cluster-tools.sh
 for part in engine operator tuner; do bash scripts/image.sh "$part" >/dev/null; done
-exec "${CHUNKPILOT_VENV:-.venv}/bin/python" -m pytest -n "${CHUNKPILOT_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec "${CHUNKPILOT_VENV:-.venv}/bin/python" -m pytest -n "${CHUNKPILOT_TEST_WORKERS:-2}" "$@"

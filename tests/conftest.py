@@ -8,15 +8,19 @@ import os
 import pytest
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh runs two workers with --dist loadgroup) a module's tests stay together on
-    one worker, so its module fixtures start once, and every test on the local cluster's node is in one group: a
-    host runs one kubelet, so those modules must never run at the same time."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        group = "cluster" if item.get_closest_marker("cluster") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (scripts/test.sh runs two workers) each module runs whole on one worker, so its module
+    fixtures start once, and every module under tests/cluster/ is one unit: a host runs one kubelet, so they never
+    run at the same time. (A scheduler rather than xdist_group marks: xdist 3.8 writes the group into a node id
+    that pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/cluster/" if module.startswith("tests/cluster/") else module
+
+    return ByModule(config, log)
 
 
 def require_tool(name: str, how: str) -> str:
