@@ -19,7 +19,7 @@ def model_dir() -> str:
     """$CHUNKPILOT_BENCH_MODEL (bench/make_model.py writes one on a GPU machine), else the bundled SmolLM2."""
     if os.environ.get("CHUNKPILOT_BENCH_MODEL"):
         return os.environ["CHUNKPILOT_BENCH_MODEL"]
-    from chunkpilot.engine.model_fetch import fetch
+    from chunkpilot.engine.model.model_fetch import fetch
 
     return str(fetch("smollm2"))
 

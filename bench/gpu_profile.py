@@ -28,7 +28,7 @@ def main() -> None:
     llm = LLM(model_dir(), device=args.device, dtype=args.dtype, token_budget=512, max_chunk=512,
               max_num_seqs=max(args.batch, 1), max_model_len=1024, num_kv_blocks=64 * max(args.batch, 1) + 8)
     eng = llm.engine
-    from chunkpilot.engine.attention import _varlen_unusable
+    from chunkpilot.engine.model.attention import _varlen_unusable
 
     print("attention backend:", eng.attention_backend, "device:", eng.device, "dtype:", eng.dtype,
           "| varlen:", _varlen_unusable(eng.device, eng.dtype, eng.config.block_size) or "usable",

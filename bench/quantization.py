@@ -32,7 +32,7 @@ from pathlib import Path
 from common import conditions, model_dir, pyplot, save, sync
 
 from chunkpilot.engine import LLM, SamplingParams
-from chunkpilot.engine.perplexity import greedy_agreement, perplexity
+from chunkpilot.engine.model.perplexity import greedy_agreement, perplexity
 
 PROMPTS = ["The history of the printing press", "def merge_sort(values):\n    ", "Photosynthesis is the process",
            "A haiku about autumn rain:\n", "The three laws of thermodynamics are", "SELECT name FROM users WHERE"]
@@ -113,7 +113,7 @@ def llama_cpp(threads: int) -> dict | None:
 
     if importlib.util.find_spec("llama_cpp") is None:
         return None
-    from chunkpilot.engine.model_fetch import MODELS, find_gguf
+    from chunkpilot.engine.model.model_fetch import MODELS, find_gguf
 
     done = subprocess.run([sys.executable, "-c", LLAMA, str(find_gguf(MODELS["smollm2"][0])), str(threads),
                            str(DECODE_TOKENS)], capture_output=True, text=True, timeout=600)

@@ -41,7 +41,7 @@ def require_tool(name: str, how: str) -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_dir():
-    from chunkpilot.engine.model_fetch import ModelFetchError, fetch
+    from chunkpilot.engine.model.model_fetch import ModelFetchError, fetch
 
     try:
         return str(fetch("smollm2"))

@@ -86,7 +86,7 @@ def test_model_fetch_leaves_the_weights_readable_by_the_engine_user(smollm2_dir)
 
 
 def test_unreadable_weights_name_the_file_and_the_fix(smollm2_dir, monkeypatch):
-    from chunkpilot.engine import weights
+    from chunkpilot.engine.model import weights
 
     monkeypatch.setattr(weights.os, "access", lambda path, mode: False)
     with pytest.raises(PermissionError, match=r"model.safetensors as uid \d+: .*chmod a\+r"):
@@ -96,7 +96,7 @@ def test_unreadable_weights_name_the_file_and_the_fix(smollm2_dir, monkeypatch):
 def test_model_fetch_explains_a_missing_package(monkeypatch, tmp_path):
     import importlib.util
 
-    from chunkpilot.engine import model_fetch
+    from chunkpilot.engine.model import model_fetch
 
     monkeypatch.setenv("CHUNKPILOT_CACHE", str(tmp_path))
     real = importlib.util.find_spec
@@ -252,7 +252,7 @@ def test_every_engine_setting_is_declared_once_and_the_configs_and_the_cli_follo
     from chunkpilot.cli.engine import app as engine_app
     from chunkpilot.contract import engine_settings as d
     from chunkpilot.engine.config import EngineConfig
-    from chunkpilot.engine.server import ServerSettings
+    from chunkpilot.engine.serving.server import ServerSettings
 
     for layer, cls in (("engine", EngineConfig), ("server", ServerSettings)):
         fields = {f.name: f.default for f in dataclasses.fields(cls)}

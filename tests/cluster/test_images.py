@@ -22,8 +22,8 @@ from oci_image import dockerfile_config  # noqa: E402  (a stdlib script, not a p
 DOCKERFILES = {"engine": ROOT / "engine_image" / "Dockerfile", "operator": ROOT / "operator" / "Dockerfile",
                "tuner": ROOT / "tuner" / "Dockerfile"}
 # A file of each part's own source that its image must hold, and the other parts' that it must not.
-OWN = {"engine": "engine_image/chunkpilot/engine/server.py", "operator": "operator/chunkpilot/operator/handlers.py",
-       "tuner": "tuner/chunkpilot/tuner/daemon.py"}
+OWN = {"engine": "engine_image/chunkpilot/engine/serving/server.py",
+       "operator": "operator/chunkpilot/operator/handlers.py", "tuner": "tuner/chunkpilot/tuner/daemon.py"}
 
 
 @pytest.fixture(scope="module", params=sorted(DOCKERFILES))

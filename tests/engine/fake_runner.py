@@ -9,7 +9,7 @@ history, exactly like a real model's greedy decode.
 
 from __future__ import annotations
 
-from chunkpilot.engine.scheduler import RunnerOutput, SchedulerOutput
+from chunkpilot.engine.core.scheduler import RunnerOutput, SchedulerOutput
 
 
 def next_token(history: list[int], vocab: int) -> int:

@@ -13,11 +13,11 @@ import torch
 
 from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.engine import EngineConfig
-from chunkpilot.engine.activation_memory import (CUDA_RESERVE_BYTES, activation_bytes_per_token, cuda_headroom,
-                                                 max_token_budget)
+from chunkpilot.engine.execution.activation_memory import (CUDA_RESERVE_BYTES, activation_bytes_per_token,
+                                                           cuda_headroom, max_token_budget)
 from chunkpilot.engine import llm_engine
-from chunkpilot.engine.model_config import ModelConfig
-from chunkpilot.engine.speculative import SpeculativeConfig
+from chunkpilot.engine.model.model_config import ModelConfig
+from chunkpilot.engine.speculation.speculative import SpeculativeConfig
 
 from .tiny_models import make_checkpoint
 

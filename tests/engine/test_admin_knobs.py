@@ -1,7 +1,7 @@
-"""The knobs admin endpoint (engine/admin.py) on a real `chunkpilot engine serve` process: where the operator pushes
-knobs to a ready pod. A token is required, a bad push keeps the last good knobs, and once pushed the file (the
-ConfigMap volume, which the kubelet may rewrite late with an older copy) no longer moves them. The token is
-checked before the body is read and the body is capped, since the admin port shares the API's event loop."""
+"""The knobs admin endpoint (engine/serving/admin.py) on a real `chunkpilot engine serve` process: where the
+operator pushes knobs to a ready pod. A token is required, a bad push keeps the last good knobs, and once pushed the
+file (the ConfigMap volume, which the kubelet may rewrite late with an older copy) no longer moves them. The token
+is checked before the body is read and the body is capped, since the admin port shares the API's event loop."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from chunkpilot.contract.knobs import SchedulerKnobs, write_knobs
-from chunkpilot.engine.admin import KNOBS_PATH, MAX_BODY_BYTES, build_admin_app
+from chunkpilot.engine.serving.admin import KNOBS_PATH, MAX_BODY_BYTES, build_admin_app
 from chunkpilot.lab.child_process import free_port
 
 from .server_proc import EngineServer, assert_openai_error, wait_for

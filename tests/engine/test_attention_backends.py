@@ -14,7 +14,7 @@ import torch
 import torch.nn.attention.varlen as varlen_module
 
 from chunkpilot.engine import LLM, SamplingParams
-from chunkpilot.engine import attention
+from chunkpilot.engine.model import attention
 
 from .tiny_models import TEXTS, make_checkpoint
 
@@ -88,7 +88,7 @@ def test_backend_choice_on_cpu():
 def test_a_cuda_device_is_always_indexed(monkeypatch):
     """`--device cuda` (the chart's default on a GPU node) must name an index: torch.cuda.set_device refuses a bare
     "cuda", and every engine start failed on the first real GPU run."""
-    from chunkpilot.engine.worker import resolve_device
+    from chunkpilot.engine.execution.worker import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -146,7 +146,7 @@ def test_decode_groups_by_context_length_change_nothing(tiny, monkeypatch):
     long prefill chunks run as groups of their own. Every decode and chunk alone, and all decodes in one group and
     all chunks in another, must give the same logprobs; the prompts differ in length so the groups differ in
     context length and batch position."""
-    from chunkpilot.engine import model_runner
+    from chunkpilot.engine.execution import model_runner
 
     prompts = [" ".join(TEXTS * k) for k in (1, 2, 3, 4)] + [TEXTS[0][:5], TEXTS[3]]
     params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=2, ignore_eos=True)
@@ -176,7 +176,7 @@ def test_decode_groups_by_context_length_change_nothing(tiny, monkeypatch):
 
 
 def test_split_by_context_covers_every_decode_once_and_never_costs_more():
-    from chunkpilot.engine.model_runner import split_by_context
+    from chunkpilot.engine.execution.model_runner import split_by_context
 
     lengths = [20, 560, 300, 40, 550, 33, 290, 300]
     for cost in (0, 64, 256, 10**9):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from chunkpilot.engine import EngineConfig
-from chunkpilot.engine.activation_memory import activation_bytes_per_token, cuda_headroom, max_token_budget
+from chunkpilot.engine.execution.activation_memory import activation_bytes_per_token, cuda_headroom, max_token_budget
 from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.engine.llm_engine import LLMEngine
-from chunkpilot.engine.model_config import ModelConfig
+from chunkpilot.engine.model.model_config import ModelConfig
 
 from .tiny_models import make_checkpoint
 

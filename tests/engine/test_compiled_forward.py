@@ -1,4 +1,4 @@
-"""The compiled forward (--compile, chunkpilot.engine.compiled_forward): small steps run through the graphs
+"""The compiled forward (--compile, chunkpilot.engine.execution.compiled_forward): small steps run through the graphs
 torch.compile built at start-up and give the eager forward's logits (the same weights through inductor's own
 fused GEMMs, so within bfloat16 rounding, not bit for bit); larger steps stay eager; and where it cannot run it is
 refused with what to change. Its speed is measured in bench/quantization.py, not here."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chunkpilot.engine.compiled_forward import COMPILE_ROWS, CompileError, check
-from chunkpilot.engine.step_plan import PlannedChunk, StepPlan
+from chunkpilot.engine.execution.compiled_forward import COMPILE_ROWS, CompileError, check
+from chunkpilot.engine.parallel.step_plan import PlannedChunk, StepPlan
 
 
 @pytest.fixture(scope="module")

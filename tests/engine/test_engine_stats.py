@@ -1,4 +1,4 @@
-"""The step loop's metrics come from the engine's one typed object per step (chunkpilot.engine.stats), and the
+"""The step loop's metrics come from the engine's one typed object per step (chunkpilot.engine.core.stats), and the
 server reads the engine only through AsyncEngine's facade.
 
 The stand-in engine below is the whole surface the step loop may use of LLMEngine: if AsyncEngine reached for
@@ -16,9 +16,9 @@ from chunkpilot.contract.metric_names import (KV_CACHE_USAGE, NUM_RUNNING, NUM_W
                                               PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES)
 from chunkpilot.contract.step_cost import step_features
 from chunkpilot.engine.async_engine import AsyncEngine
-from chunkpilot.engine.knobs import KnobHolder
+from chunkpilot.engine.core.knobs import KnobHolder
+from chunkpilot.engine.core.stats import SchedulerStats, StepStats
 from chunkpilot.engine.metrics import EngineMetrics
-from chunkpilot.engine.stats import SchedulerStats, StepStats
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine_image" / "chunkpilot" / "engine"
 
@@ -72,14 +72,14 @@ def test_counters_follow_the_engines_totals_and_gauges_its_last_state():
 
 
 def test_the_server_reads_the_engine_only_through_its_facade():
-    """server.py and async_engine.py name none of LLMEngine's parts (its scheduler, block manager, runner, workers,
-    last step) and the server never reaches through AsyncEngine to the LLMEngine behind it."""
+    """serving/server.py and async_engine.py name none of LLMEngine's parts (its scheduler, block manager, runner,
+    workers, last step) and the server never reaches through AsyncEngine to the LLMEngine behind it."""
     inner = {"scheduler", "block_manager", "runner", "last_step", "worker", "_workers", "_live"}
-    for name in ("server.py", "async_engine.py"):
+    for name in ("serving/server.py", "async_engine.py"):
         tree = ast.parse((ENGINE / name).read_text())
         attrs = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute)]
         assert not [a.attr for a in attrs if a.attr in inner - ({"_live"} if name == "async_engine.py" else set())]
-        if name == "server.py":
+        if name == "serving/server.py":
             through = [ast.unparse(a) for a in attrs
                        if a.attr == "engine" and isinstance(a.value, ast.Attribute) and a.value.attr == "engine"]
             chained = [ast.unparse(a) for a in attrs if isinstance(a.value, ast.Attribute) and a.value.attr == "engine"

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from chunkpilot.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from chunkpilot.engine.core.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 from .server_proc import EngineServer, assert_openai_error, wait_for
 from .tiny_models import make_checkpoint
@@ -151,7 +151,7 @@ def test_finished_but_unread_outputs_do_not_hold_admission_slots(tmp_path):
     from chunkpilot.engine.async_engine import AsyncEngine
     from chunkpilot.engine.llm_engine import LLMEngine
     from chunkpilot.engine.metrics import EngineMetrics
-    from chunkpilot.engine.sampling_params import SamplingParams
+    from chunkpilot.engine.core.sampling_params import SamplingParams
 
     model = make_checkpoint(tmp_path / "tiny", "llama")
     llm = LLMEngine(EngineConfig(model=str(model), max_model_len=128, max_num_seqs=2, token_budget=64, max_chunk=64))
@@ -183,7 +183,7 @@ def tiny_app(tmp_path_factory):
     from starlette.testclient import TestClient
 
     from chunkpilot.engine import EngineConfig
-    from chunkpilot.engine.server import ServerSettings, build_app
+    from chunkpilot.engine.serving.server import ServerSettings, build_app
 
     model = make_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny", "llama")
     app = build_app(ServerSettings(EngineConfig(model=str(model), max_model_len=256), served_model_name="tiny",
@@ -256,7 +256,7 @@ def test_health_fails_after_a_failed_load_so_the_pod_restarts(tmp_path):
     from starlette.testclient import TestClient
 
     from chunkpilot.engine import EngineConfig
-    from chunkpilot.engine.server import ServerSettings, build_app
+    from chunkpilot.engine.serving.server import ServerSettings, build_app
 
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -296,7 +296,7 @@ def test_drain_covers_requests_still_being_tokenized_and_refuses_them_after_the_
     from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError
     from chunkpilot.engine.llm_engine import LLMEngine
     from chunkpilot.engine.metrics import EngineMetrics
-    from chunkpilot.engine.sampling_params import SamplingParams
+    from chunkpilot.engine.core.sampling_params import SamplingParams
 
     model = make_checkpoint(tmp_path / "tiny", "llama")
     llm = LLMEngine(EngineConfig(model=str(model), max_model_len=128, max_num_seqs=2, token_budget=64, max_chunk=64))

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
-from chunkpilot.engine.knobs_file import KnobsFileWatcher, parse_knobs, write_knobs
+from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.core.knobs_file import KnobsFileWatcher, parse_knobs, write_knobs
 
 
 def test_parse_accepts_exactly_the_contract():

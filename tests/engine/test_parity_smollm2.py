@@ -79,7 +79,7 @@ def test_prompts_span_very_different_lengths(prompt_ids):
 
 
 def test_our_tokenizer_and_chat_template_match_transformers(smollm2_dir, prompt_ids):
-    llm_tok = __import__("chunkpilot.engine.tokenizer", fromlist=["Tokenizer"]).Tokenizer(smollm2_dir)
+    llm_tok = __import__("chunkpilot.engine.model.tokenizer", fromlist=["Tokenizer"]).Tokenizer(smollm2_dir)
     assert [llm_tok.encode(p) for p in PROMPTS] == prompt_ids[:-1]
     assert llm_tok.encode_chat(CHAT) == prompt_ids[-1]
 

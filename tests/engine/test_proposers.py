@@ -1,11 +1,11 @@
-"""Draft proposers (chunkpilot.engine.proposers): what the n-gram lookup proposes, on sequences whose answer is
-known by construction."""
+"""Draft proposers (chunkpilot.engine.speculation.proposers): what the n-gram lookup proposes, on sequences whose
+answer is known by construction."""
 
 from __future__ import annotations
 
 import pytest
 
-from chunkpilot.engine.proposers import NgramProposer
+from chunkpilot.engine.speculation.proposers import NgramProposer
 
 
 def test_a_repeated_passage_is_proposed_from_where_it_occurred():

@@ -1,4 +1,4 @@
-"""Weight-only quantization (chunkpilot.engine.quantization): each layer computes what its dequantized weights
+"""Weight-only quantization (chunkpilot.engine.model.quantization): each layer computes what its dequantized weights
 say, through PyTorch's own kernels; a method the device or the shapes cannot run is refused with what to change;
 and on SmolLM2 the quantized engine's perplexity (its own forward, chunked, on a text the project ships) and its
 greedy agreement with float32 stay within the issue's bounds, with the tuner-facing settings unchanged."""
@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from chunkpilot.engine import EngineConfig
-from chunkpilot.engine.perplexity import greedy_agreement
-from chunkpilot.engine.quantization import (COMPUTE_DTYPE, DENSE_ROWS, Fp8Linear, Int4Linear, Int8Linear,
-                                            QuantizationError, check, quantize)
+from chunkpilot.engine.model.perplexity import greedy_agreement
+from chunkpilot.engine.model.quantization import (COMPUTE_DTYPE, DENSE_ROWS, Fp8Linear, Int4Linear, Int8Linear,
+                                                  QuantizationError, check, quantize)
 
 SHAPES = [(1536, 576), (576, 1536), (960, 576)]  # SmolLM2's gate/up, down and fused qkv
 
@@ -108,8 +108,8 @@ def test_a_method_the_device_or_shapes_cannot_run_is_refused_with_what_to_change
 
 
 def test_quantize_replaces_every_linear_layer_and_keeps_the_embedding():
-    from chunkpilot.engine.model import LlamaModel
-    from chunkpilot.engine.model_config import ModelConfig
+    from chunkpilot.engine.model.llama import LlamaModel
+    from chunkpilot.engine.model.model_config import ModelConfig
 
     torch.manual_seed(3)
     cfg = ModelConfig.from_dict({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
@@ -143,7 +143,7 @@ def float32_figures(smollm2_dir):
 
 def figures(model_dir: str, method: str | None) -> dict:
     from chunkpilot.engine import LLM, SamplingParams
-    from chunkpilot.engine.perplexity import perplexity
+    from chunkpilot.engine.model.perplexity import perplexity
 
     llm = LLM(model_dir, quantization=method, token_budget=128, max_chunk=128, max_num_seqs=4, threads=2,
               enable_prefix_caching=False, max_model_len=1024)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from chunkpilot.engine import LLM, SamplingParams
-from chunkpilot.engine.kv_cache import KVCache, pool_bytes
-from chunkpilot.engine.model_config import ModelConfig
-from chunkpilot.engine.tokenizer import IncrementalDetokenizer
+from chunkpilot.engine.execution.kv_cache import KVCache, pool_bytes
+from chunkpilot.engine.model.model_config import ModelConfig
+from chunkpilot.engine.model.tokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def _metaspace_tokenizer(folder, template=None):
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(_json.dumps({"chat_template": template} if template else {}))
-    from chunkpilot.engine.tokenizer import Tokenizer
+    from chunkpilot.engine.model.tokenizer import Tokenizer
 
     return Tokenizer(folder)
 

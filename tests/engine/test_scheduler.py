@@ -6,11 +6,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chunkpilot.engine.block_manager import BlockManager
-from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
-from chunkpilot.engine.sampling_params import SamplingParams
-from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
-from chunkpilot.engine.sequence import Sequence
+from chunkpilot.engine.core.block_manager import BlockManager
+from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.core.sampling_params import SamplingParams
+from chunkpilot.engine.core.scheduler import Scheduler, SchedulerConfig
+from chunkpilot.engine.core.sequence import Sequence
 
 from .fake_runner import FakeRunner, reference_output
 

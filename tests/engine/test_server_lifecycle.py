@@ -155,7 +155,7 @@ def test_a_dead_step_loop_fails_health_and_requests_instead_of_hanging(tmp_path)
     from starlette.testclient import TestClient
 
     from chunkpilot.engine import EngineConfig
-    from chunkpilot.engine.server import ServerSettings, build_app
+    from chunkpilot.engine.serving.server import ServerSettings, build_app
 
     model = make_checkpoint(tmp_path / "tiny", "llama")
     app = build_app(ServerSettings(EngineConfig(model=str(model), max_model_len=128), served_model_name="tiny"))

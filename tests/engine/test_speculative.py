@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from chunkpilot.engine import LLM, SamplingParams
-from chunkpilot.engine.sampler import Sampler
-from chunkpilot.engine.speculative import SpeculativeConfig
+from chunkpilot.engine.execution.sampler import Sampler
+from chunkpilot.engine.speculation.speculative import SpeculativeConfig
 
 NEW_TOKENS = 24
 
@@ -42,7 +42,7 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 4}
 
 @pytest.fixture(scope="module")
 def prompt_ids(smollm2_dir):
-    from chunkpilot.engine.tokenizer import Tokenizer
+    from chunkpilot.engine.model.tokenizer import Tokenizer
 
     return [Tokenizer(smollm2_dir).encode(p) for p in PROMPTS]
 
@@ -148,8 +148,8 @@ def refuse_to_load(config):
 
 def test_a_draft_model_with_another_tokenizer_is_refused(smollm2_dir, tmp_path):
     from chunkpilot.engine.config import EngineConfig
-    from chunkpilot.engine.draft_model import DraftModelProposer
-    from chunkpilot.engine.tokenizer import Tokenizer
+    from chunkpilot.engine.speculation.draft_model import DraftModelProposer
+    from chunkpilot.engine.model.tokenizer import Tokenizer
 
     from .tiny_models import make_checkpoint
 
@@ -287,7 +287,7 @@ def test_sampled_outputs_are_distributed_alike_with_and_without_speculation(tmp_
     greedy drafts are kept about half the time, so both kept and rejected drafts shape the output). The second and
     third tokens, which verification chose, are distributed alike (Pearson's chi-square test of homogeneity at p =
     0.001, engine seeds fixed: it never flakes). The same test catches a sampler that keeps every draft."""
-    from chunkpilot.engine.sampler import Sampler
+    from chunkpilot.engine.execution.sampler import Sampler
 
     from .tiny_models import make_checkpoint
 

@@ -10,12 +10,12 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chunkpilot.engine.block_manager import BlockManager
-from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
-from chunkpilot.engine.proposers import propose_drafts
-from chunkpilot.engine.sampling_params import SamplingParams
-from chunkpilot.engine.scheduler import Scheduler, SchedulerConfig
-from chunkpilot.engine.sequence import Sequence
+from chunkpilot.engine.core.block_manager import BlockManager
+from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.core.sampling_params import SamplingParams
+from chunkpilot.engine.core.scheduler import Scheduler, SchedulerConfig
+from chunkpilot.engine.core.sequence import Sequence
+from chunkpilot.engine.speculation.proposers import propose_drafts
 
 from .fake_runner import FakeRunner, next_token, reference_output
 
@@ -250,7 +250,7 @@ def test_the_break_even_acceptance_is_measured_per_batch_size():
     until one has been seen with and without drafts, nothing is asked beyond the scheduler's floor."""
     import pytest
 
-    from chunkpilot.engine.draft_cost import MIN_SAMPLES, RowCost
+    from chunkpilot.engine.speculation.draft_cost import MIN_SAMPLES, RowCost
 
     cost = RowCost()
     assert cost.break_even(8) == 0.0

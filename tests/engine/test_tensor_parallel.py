@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from chunkpilot.engine import LLM, SamplingParams
-from chunkpilot.engine.model_config import ModelConfig
-from chunkpilot.engine.tp_shard import check_tensor_parallel, shard_of
+from chunkpilot.engine.model.model_config import ModelConfig
+from chunkpilot.engine.model.tp_shard import check_tensor_parallel, shard_of
 
 from .server_proc import EngineServer, wait_for
 from .tiny_models import TEXTS, make_checkpoint
@@ -152,7 +152,7 @@ def test_offline_a_killed_rank_raises_instead_of_hanging(tmp_path):
     """The offline LLM must not take its caller's process down: the next step raises RankFailedError."""
     import os
 
-    from chunkpilot.engine.tp_worker import RankFailedError
+    from chunkpilot.engine.execution.tp_worker import RankFailedError
 
     folder = make_checkpoint(tmp_path / "llama", "llama")
     llm = LLM(str(folder), tensor_parallel_size=2, threads=1, block_size=4, num_kv_blocks=128)
@@ -178,7 +178,7 @@ def _tp_children() -> list[int]:
     out = []
     for pid in _worker_pids(os.getpid()):
         try:
-            if b"chunkpilot.engine.tp_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"chunkpilot.engine.execution.tp_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)
         except FileNotFoundError:
             pass
@@ -206,7 +206,7 @@ def test_rank_zero_unpickles_nothing_and_the_group_is_private_to_the_pod(tmp_pat
     reaches rank 0 goes through pickle."""
     import torch.distributed.distributed_c10d as c10d
 
-    from chunkpilot.engine import tp_group
+    from chunkpilot.engine.parallel import tp_group
 
     def refuse(*args, **kwargs):
         raise AssertionError("the tensor-parallel group pickled or unpickled a message")
@@ -234,7 +234,7 @@ def test_rank_zero_unpickles_nothing_and_the_group_is_private_to_the_pod(tmp_pat
 
 
 def test_a_step_plan_crosses_as_integers_and_anything_else_is_refused():
-    from chunkpilot.engine.step_plan import KEEPALIVE, PlannedChunk, StepPlan, decode_message, encode_message
+    from chunkpilot.engine.parallel.step_plan import KEEPALIVE, PlannedChunk, StepPlan, decode_message, encode_message
 
     plan = StepPlan([PlannedChunk(7, [5], [0, 1], True), PlannedChunk(9, [5, 6, 7], [0], True, 2),
                      PlannedChunk(0, [1, 2, 3], [2], False)], 1)

@@ -180,7 +180,7 @@ def test_speculative_decoding_reaches_the_engine_as_the_config_it_parses():
     speculative field, no variable (off)."""
     from pydantic import ValidationError
 
-    from chunkpilot.engine.speculative import SpeculativeConfig
+    from chunkpilot.engine.speculation.speculative import SpeculativeConfig
 
     doc = yaml.safe_load(SMOL.read_text())
     assert "CHUNKPILOT_SPECULATIVE_CONFIG" not in {e["name"] for e in b.engine_env(InferenceDeployment.model_validate(doc), "/models")}
@@ -209,7 +209,7 @@ def test_a_draft_model_is_mounted_beside_the_model_and_named_in_the_engine_confi
     from pydantic import ValidationError
 
     from chunkpilot.api.types import DRAFT_MODEL_RULE_MESSAGE
-    from chunkpilot.engine.speculative import SpeculativeConfig
+    from chunkpilot.engine.speculation.speculative import SpeculativeConfig
     from chunkpilot.operator.policy import Policy, PolicyError
 
     doc = yaml.safe_load(SMOL.read_text())

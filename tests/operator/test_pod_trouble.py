@@ -27,14 +27,14 @@ LOADING = {"name": "engine", "ready": False, "restartCount": 0, "state": {"runni
 
 def test_a_crash_loop_names_the_container_and_the_end_of_its_log():
     log = "\n".join(["INFO loading"] * 50 + ["Traceback (most recent call last):", "  ...",
-                                           "2026-12-04 12:00:01,123 ERROR chunkpilot.engine.server: model failed to "
-                                           "load from /models/m: SafetensorError: Error while deserializing header: "
-                                           "incomplete metadata; exiting"])
+                                           "2026-12-04 12:00:01,123 ERROR chunkpilot.engine.serving.server: model "
+                                           "failed to load from /models/m: SafetensorError: Error while deserializing "
+                                           "header: incomplete metadata; exiting"])
     said = engine_trouble([pod("m-1", containers=[RUNNING]), pod("m-0", containers=[crash_looping(log)])])
     assert said.startswith("pod m-0: container engine CrashLoopBackOff; last exit 1: ")
     assert said.endswith("incomplete metadata; exiting")  # the error, not the top of the log
     # the same words at every crash (no time stamp, no restart count): one Event, not one per restart
-    assert "2026-12-04" not in said and "ERROR chunkpilot.engine.server: model failed" in said
+    assert "2026-12-04" not in said and "ERROR chunkpilot.engine.serving.server: model failed" in said
     assert "back-off" not in said and len(said) < 800
 
 

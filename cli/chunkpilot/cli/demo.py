@@ -78,7 +78,7 @@ def demo(
         console.print(f"[red]error:[/] --cores {cores!r}: give core numbers separated by commas, e.g. --cores 0,1")
         raise typer.Exit(2)
     if model is None:
-        from chunkpilot.engine.model_fetch import ModelFetchError, fetch
+        from chunkpilot.engine.model.model_fetch import ModelFetchError, fetch
 
         try:
             model = fetch("smollm2")

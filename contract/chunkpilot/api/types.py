@@ -285,7 +285,7 @@ class MonitoringSpec(_Model):
                                   description="Create a Prometheus Operator ServiceMonitor (when its CRD exists).")
 
 
-# Which device each quantization method runs on (chunkpilot.engine.quantization): one rule for the CRD's CEL and
+# Which device each quantization method runs on (chunkpilot.engine.model.quantization): one rule for the CRD's CEL and
 # the Python check below (objects stored before the rule, and the operator's own parse).
 QUANTIZATION_RULE_MESSAGE = ("model.quantization int8 and int4 run on the CPU (engine.resources.gpus 0) and fp8 on "
                              "Hopper GPUs (engine.resources.gpus 1 or more): change one of them, or set it to none")

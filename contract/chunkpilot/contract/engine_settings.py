@@ -23,11 +23,11 @@ MAX_NUM_SEQS = 32
 # KV block pair; 8192 is as far as a step on one GPU usefully goes for prefill.
 TUNING_BUDGET_BOUNDS = (64, 8192)
 TUNING_CHUNK_BOUNDS = (32, 8192)
-# Weight-only quantization methods (chunkpilot.engine.quantization): the engine's --quantization, the CRD's
+# Weight-only quantization methods (chunkpilot.engine.model.quantization): the engine's --quantization, the CRD's
 # model.quantization (with "none") and the demo's flag. int8 and int4 run on the CPU, fp8 on Hopper GPUs.
 QUANTIZATION_METHODS = ("int8", "int4", "fp8")
 CPU_QUANTIZATION_METHODS = ("int8", "int4")
-# Speculative decoding (chunkpilot.engine.speculative): the engine's --speculative-config and the CRD's
+# Speculative decoding (chunkpilot.engine.speculation.speculative): the engine's --speculative-config and the CRD's
 # engine.speculative. Methods, the most draft tokens a decode may verify, and the default count (2: on the CPU's
 # GEMMs 3 rows cost what 1 does and 4 cost twice as much, measured with SmolLM2's layers).
 SPECULATIVE_METHODS = ("ngram", "draft_model")

@@ -11,10 +11,10 @@ _EXPORTS = {
     "LLM": "chunkpilot.engine.llm",
     "LLMEngine": "chunkpilot.engine.llm_engine",
     "EngineConfig": "chunkpilot.engine.config",
-    "SamplingParams": "chunkpilot.engine.sampling_params",
-    "SchedulerKnobs": "chunkpilot.engine.knobs",
-    "CompletionOutput": "chunkpilot.engine.outputs",
-    "RequestOutput": "chunkpilot.engine.outputs",
+    "SamplingParams": "chunkpilot.engine.core.sampling_params",
+    "SchedulerKnobs": "chunkpilot.engine.core.knobs",
+    "CompletionOutput": "chunkpilot.engine.core.outputs",
+    "RequestOutput": "chunkpilot.engine.core.outputs",
 }
 __all__ = list(_EXPORTS)
 

@@ -11,14 +11,14 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from chunkpilot.engine.knobs import KnobHolder
+from chunkpilot.engine.core.knobs import KnobHolder
+from chunkpilot.engine.core.outputs import RequestOutput
+from chunkpilot.engine.core.sampling_params import SamplingParams
+from chunkpilot.engine.core.sequence import Sequence
+from chunkpilot.engine.core.stats import SchedulerStats, StepStats
 from chunkpilot.engine.llm_engine import LLMEngine
 from chunkpilot.engine.metrics import EngineMetrics
-from chunkpilot.engine.outputs import RequestOutput
-from chunkpilot.engine.sampling_params import SamplingParams
-from chunkpilot.engine.sequence import Sequence
-from chunkpilot.engine.stats import SchedulerStats, StepStats
-from chunkpilot.engine.tokenizer import Tokenizer
+from chunkpilot.engine.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ MAX_SPECULATIVE_TOKENS = defaults.MAX_SPECULATIVE_TOKENS
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding's settings (vLLM's `--speculative-config`): which proposer drafts tokens and how many a
-    decode may verify in one step (speculative.py builds the proposer from them)."""
+    decode may verify in one step (speculation/speculative.py builds the proposer from them)."""
 
-    method: str = "ngram"  # or "draft_model": a smaller model with the same tokenizer (draft_model.py)
+    method: str = "ngram"  # or "draft_model": a smaller model with the same tokenizer (speculation/draft_model.py)
     model: str | None = None  # the draft model's folder (vLLM's field; setting it alone means draft_model)
     num_speculative_tokens: int = defaults.NUM_SPECULATIVE_TOKENS
     prompt_lookup_min: int = defaults.PROMPT_LOOKUP[0]  # the n-gram lookup's shortest and longest context
@@ -91,22 +91,23 @@ class EngineConfig:
     enable_prefix_caching: bool = setting_default("enable_prefix_caching")
     seed: int = setting_default("seed")
     threads: int | None = setting_default("threads")  # torch intra-op threads on CPU
-    attention_backend: str = setting_default("attention_backend")  # auto | sdpa | varlen (see attention.py)
-    # Largest token budget the knobs file may set. None: what the device's memory allows (activation_memory.py),
-    # at most max_num_seqs x max_model_len.
+    attention_backend: str = setting_default("attention_backend")  # auto | sdpa | varlen (see model/attention.py)
+    # Largest token budget the knobs file may set. None: what the device's memory allows
+    # (execution/activation_memory.py), at most max_num_seqs x max_model_len.
     max_token_budget: int | None = setting_default("max_token_budget")
-    # Ranks (GPUs) one engine splits the model across; the engine starts ranks 1..N-1 itself (tp_worker.py).
+    # Ranks (GPUs) one engine splits the model across; the engine starts ranks 1..N-1 itself (execution/tp_worker.py).
     tensor_parallel_size: int = setting_default("tensor_parallel_size")
     # Seconds a collective between ranks may take before the engine gives up on a hung rank and exits non-zero
     # (longer than the slowest step), and how long the ranks may take to load their weights and meet.
     tensor_parallel_timeout: float = setting_default("tensor_parallel_timeout")
     tensor_parallel_join_timeout: float = 1800.0
-    # Weight-only quantization of the linear layers at load time (quantization.py): int8 | int4 (CPU) | fp8 (CUDA)
+    # Weight-only quantization of the linear layers at load time (model/quantization.py): int8 | int4 (CPU) | fp8 (CUDA)
     quantization: str | None = setting_default("quantization")
-    # Speculative decoding (SpeculativeConfig above; speculative.py builds its proposer): vLLM's
+    # Speculative decoding (SpeculativeConfig above; speculation/speculative.py builds its proposer): vLLM's
     # --speculative-config, as JSON or parsed; None: off
     speculative_config: SpeculativeConfig | str | dict | None = setting_default("speculative_config")
-    # Compile the forward of small steps (decodes) with torch.compile at start-up (compiled_forward.py); CPU only
+    # Compile the forward of small steps (decodes) with torch.compile at start-up (execution/compiled_forward.py);
+    # CPU only
     compile: bool = setting_default("compile")
 
     def __post_init__(self) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 from tqdm import tqdm
 
 from chunkpilot.engine.config import EngineConfig
+from chunkpilot.engine.core.outputs import CompletionOutput
+from chunkpilot.engine.core.sampling_params import SamplingParams
 from chunkpilot.engine.llm_engine import LLMEngine
-from chunkpilot.engine.outputs import CompletionOutput
-from chunkpilot.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 

@@ -18,25 +18,25 @@ from collections.abc import Callable
 
 import torch
 
-from chunkpilot.engine.activation_memory import activation_bytes_per_token, device_free_memory
-from chunkpilot.engine.block_manager import BlockManager
-from chunkpilot.engine.config import EngineConfig
-from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
-from chunkpilot.engine.model_config import ModelConfig
-from chunkpilot.engine.outputs import RequestOutput, TokenLogprob
-from chunkpilot.engine.proposers import propose_drafts
-from chunkpilot.engine.sampling_params import SamplingParams
-from chunkpilot.engine.draft_cost import RowCost
-from chunkpilot.engine.scheduler import MIN_ACCEPTANCE, Scheduler, SchedulerConfig
-from chunkpilot.engine.speculative import make_proposer
-from chunkpilot.engine.sequence import FinishReason, Sequence
 from chunkpilot.contract.step_cost import step_features
-from chunkpilot.engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from chunkpilot.engine.stats import SchedulerStats, StepStats
-from chunkpilot.engine.tp_group import KEEPALIVE, Rendezvous, TPGroup
-from chunkpilot.engine.tp_shard import check_tensor_parallel
-from chunkpilot.engine.tp_worker import RankFailedError, WorkerProcesses
-from chunkpilot.engine.worker import RankMemory, Worker, resolve_device
+from chunkpilot.engine.config import EngineConfig
+from chunkpilot.engine.core.block_manager import BlockManager
+from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.core.outputs import RequestOutput, TokenLogprob
+from chunkpilot.engine.core.sampling_params import SamplingParams
+from chunkpilot.engine.core.scheduler import MIN_ACCEPTANCE, Scheduler, SchedulerConfig
+from chunkpilot.engine.core.sequence import FinishReason, Sequence
+from chunkpilot.engine.execution.activation_memory import activation_bytes_per_token, device_free_memory
+from chunkpilot.engine.model.model_config import ModelConfig
+from chunkpilot.engine.speculation.draft_cost import RowCost
+from chunkpilot.engine.speculation.proposers import propose_drafts
+from chunkpilot.engine.speculation.speculative import make_proposer
+from chunkpilot.engine.core.stats import SchedulerStats, StepStats
+from chunkpilot.engine.execution.tp_worker import RankFailedError, WorkerProcesses
+from chunkpilot.engine.execution.worker import RankMemory, Worker, resolve_device
+from chunkpilot.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from chunkpilot.engine.model.tp_shard import check_tensor_parallel
+from chunkpilot.engine.parallel.tp_group import KEEPALIVE, Rendezvous, TPGroup
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class LLMEngine:
                  free_memory: Callable[[torch.device], int | None] = device_free_memory) -> None:
         """`exit_on_rank_failure`: under tensor parallelism, a rank that dies or hangs exits the process
         non-zero (a server: the pod restarts); False raises RankFailedError from `step` instead. `free_memory`:
-        reads the device's free bytes for the token budget's bound (activation_memory.py); a stand-in lets a
+        reads the device's free bytes for the token budget's bound (execution/activation_memory.py); a stand-in lets a
         test play a GPU on the CPU. Rank 0's only, so not under tensor parallelism."""
         if free_memory is not device_free_memory and config.tensor_parallel_size > 1:
             raise ValueError("free_memory is rank 0's reading: the other ranks could not agree on a bound from it; "
@@ -310,7 +310,7 @@ class LLMEngine:
 
     def _draft_threshold(self, sched) -> None:
         """Measure what drafts cost on decode-only steps and set the acceptance the scheduler's pause rule asks of
-        this step's drafts: the break-even for its batch size, at least MIN_ACCEPTANCE (draft_cost.py)."""
+        this step's drafts: the break-even for its batch size, at least MIN_ACCEPTANCE (speculation/draft_cost.py)."""
         if sched.num_prefill_tokens == 0:  # drafts cost their rows and the proposer's time (a draft model's forwards)
             self._row_cost.add(sched.num_decodes, sched.num_draft_tokens, self.last_step.seconds + sched.draft_seconds)
         self.scheduler.min_acceptance = max(MIN_ACCEPTANCE, self._row_cost.break_even(sched.num_decodes))

@@ -64,7 +64,7 @@ class DemoConfig:
     sizing_seconds: float = 300.0  # the checks' time bound (chunkpilot.demo.sizing.size)
     force: bool = False  # run the load even when the sizing did not pass its check
     cores: tuple[int, ...] | None = None  # the cores the engines share out (None: this process's affinity)
-    quantization: str | None = None  # both groups' engines' --quantization (chunkpilot.engine.quantization)
+    quantization: str | None = None  # both groups' engines' --quantization (chunkpilot.engine.model.quantization)
 
     def shapes(self, rag_scale: float | None = None) -> dict[str, Shape]:
         scale = self.rag_scale if rag_scale is None else rag_scale

@@ -19,7 +19,7 @@ def measure_engine(model: str, *, seconds: float = 60.0, seed: int = 0, threads:
     from chunkpilot.engine.config import EngineConfig
     from chunkpilot.contract.knobs import SchedulerKnobs
     from chunkpilot.engine.llm_engine import LLMEngine
-    from chunkpilot.engine.sampling_params import SamplingParams
+    from chunkpilot.engine.core.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=model, token_budget=2048, max_chunk=2048, max_num_seqs=32,
                                     enable_prefix_caching=False, threads=threads))

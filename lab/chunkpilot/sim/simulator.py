@@ -15,12 +15,12 @@ import numpy as np
 
 from chunkpilot.contract import step_cost
 from chunkpilot.contract.slo import DEFAULT_QUANTILE, SLOTargets
-from chunkpilot.engine.block_manager import BlockManager
-from chunkpilot.engine.knobs import KnobHolder, SchedulerKnobs
-from chunkpilot.engine.proposers import propose_drafts
-from chunkpilot.engine.sampling_params import SamplingParams
-from chunkpilot.engine.scheduler import RunnerOutput, Scheduler, SchedulerConfig
-from chunkpilot.engine.sequence import Sequence
+from chunkpilot.engine.core.block_manager import BlockManager
+from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.core.sampling_params import SamplingParams
+from chunkpilot.engine.core.scheduler import RunnerOutput, Scheduler, SchedulerConfig
+from chunkpilot.engine.core.sequence import Sequence
+from chunkpilot.engine.speculation.proposers import propose_drafts
 from chunkpilot.loadgen.stats import RequestRecord, meets
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.measurement import Window

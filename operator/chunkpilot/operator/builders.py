@@ -16,7 +16,8 @@ from chunkpilot.operator import policy, rules
 from chunkpilot.operator.policy import Policy
 
 ENGINE_PORT = 8000
-# The knobs admin endpoint (engine/admin.py): a port of its own so that the NetworkPolicy admits the operator alone.
+# The knobs admin endpoint (engine/serving/admin.py): a port of its own so that the NetworkPolicy admits the operator
+# alone.
 ADMIN_PORT = 8001
 ADMIN_TOKEN_DIR = "/var/run/chunkpilot/admin"
 ADMIN_TOKEN_KEY = "token"
@@ -31,7 +32,7 @@ ENGINE_UID = 10001
 CONFIG_HASH = f"{GROUP}/config-hash"
 # Shutdown, in order: preStop sleeps while endpoints stop sending new requests to the pod; then SIGTERM, and the
 # engine lets in-flight requests finish for its grace period, aborts the rest with an error event and gives those
-# streams a few seconds to flush (engine/server.py FLUSH_SECONDS); the kubelet's grace period covers all of it.
+# streams a few seconds to flush (engine/serving/server.py FLUSH_SECONDS); the kubelet's grace period covers all of it.
 PRESTOP_SECONDS = 5
 ENGINE_GRACE_SECONDS = 30
 # (+ 5 s for aborted streams to flush, + 15 s for the lifespan's shutdown: the step thread joins within 10 s)

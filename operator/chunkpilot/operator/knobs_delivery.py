@@ -1,5 +1,5 @@
-"""Knobs to every ready engine pod in seconds: a PUT to each pod's admin endpoint (engine/admin.py), and the pod's
-answer recorded as its acknowledgement in `status.knobs` (api.types.KnobsStatus), which the tuner waits on.
+"""Knobs to every ready engine pod in seconds: a PUT to each pod's admin endpoint (engine/serving/admin.py), and the
+pod's answer recorded as its acknowledgement in `status.knobs` (api.types.KnobsStatus), which the tuner waits on.
 
 Why push and not only the ConfigMap: the kubelet rewrites a ConfigMap volume at its periodic pod sync, about a
 minute after the change (66 s median on the local cluster). Why push and not have each engine watch its own

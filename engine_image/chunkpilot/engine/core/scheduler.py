@@ -1,0 +1,381 @@
+"""Sarathi-Serve style stall-free scheduler.
+
+Each step: one token for every running decode first, then the rest of `token_budget` on prefill chunks of at most
+`max_chunk` tokens, first come first served; a prompt that does not fit continues next step. When KV blocks run
+out, the newest running sequence is preempted and later recomputed (vLLM's recompute policy).
+
+With speculative decoding on (speculation/speculative.py), a decode may carry draft tokens. The scheduler does not
+draft: after a step the engine asks `draft_requests()` which decodes may draft next step and how many tokens each at
+most, has the proposer guess them, and hands the guesses back with `update_draft_token_ids()` (as vLLM's scheduler
+is handed its drafts). The next `schedule()` only budgets what it was handed: drafts come out of the budget left
+after every decode has its one token and before any prompt chunk, so the stall-free rule holds (decodes first, each
+at least one token, the step within its budget); a decode with k drafts costs 1 + k tokens, and its drafts are cut
+to what the budget leaves. Drafts never preempt anyone: their KV blocks are taken last, after the prompts' chunks
+have theirs, and a decode keeps only the drafts that fit in what is left. After the step the sequence keeps the
+drafts the sampler accepted and one token of the model's own, and gives back the blocks only rejected drafts used.
+
+The scheduler never touches tensors nor runs a proposer. It hands the runner a `SchedulerOutput` and takes back a
+`RunnerOutput`, so tests and the simulator drive it without a model.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from chunkpilot.engine.config import SchedulerConfig
+from chunkpilot.engine.core.block_manager import BlockManager
+from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.core.sequence import FinishReason, Sequence, SequenceStatus
+
+
+# A verification token costs about a fifth of a batch-1 decode step on the CPU (measured: 5 tokens of SmolLM2
+# at 1.75x one token's step time), so drafts pay while the model keeps more than that share of them. A sequence
+# whose recent drafts fall below the step's threshold drafts nothing for a pause of decode steps, then tries again
+# (its text may have reached a part that quotes the prompt); each failed try doubles the pause, a kept one resets
+# it: a text that never repeats costs a few tries, one that starts repeating late is found again soon. The
+# threshold is MIN_ACCEPTANCE or, where higher, the break-even acceptance of the step's batch that the engine
+# measures (speculation/draft_cost.py; larger batches need more kept drafts to pay for their rows).
+MIN_ACCEPTANCE = 0.3  # 0.25 and 0.4 measured alike at batch 1 (bench/speculative.py)
+DRAFT_PAUSES = (4, 32)  # the first pause and the longest
+ACCEPTANCE_WEIGHT = 0.5  # of the newest step in the moving average
+
+
+@dataclass
+class ScheduledChunk:
+    seq: Sequence
+    start: int  # first position computed in this step (= tokens already in the cache)
+    num_tokens: int  # draft tokens included
+    draft_token_ids: list[int] = field(default_factory=list)  # proposed to follow the sequence's last token
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the sequence's last token, so its logits give the next token."""
+        return self.start + self.num_tokens - len(self.draft_token_ids) == len(self.seq)
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]  # decodes first, then prefill chunks
+    knobs: SchedulerKnobs
+    num_decodes: int = 0
+    preempted: list[str] = field(default_factory=list)
+    # the proposer's time for this step's drafts (a draft model's forwards, run after the step before): part of
+    # what drafting costs this step
+    draft_seconds: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(len(c.draft_token_ids) for c in self.chunks[: self.num_decodes])
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decodes - self.num_draft_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass
+class RunnerOutput:
+    sampled: dict[str, int]  # request_id -> new token, for every chunk that samples (without drafts)
+    # request_id -> the accepted drafts and one token of the model's own, for every decode with drafts
+    verified: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, knobs: KnobHolder,
+                 num_speculative_tokens: int = 0, disable_drafts_above: int | None = None) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.knobs = knobs
+        self.num_speculative_tokens = num_speculative_tokens
+        self.disable_drafts_above = disable_drafts_above
+        # request_id -> the drafts handed in for the next step, and the proposer's time for them; one step's only
+        self._drafts: dict[str, list[int]] = {}
+        self._draft_seconds = 0.0
+        # the share of a sequence's drafts that must be kept for it to go on drafting, for the step being
+        # verified; the engine raises it to the step's measured break-even (speculation/draft_cost.py)
+        self.min_acceptance = MIN_ACCEPTANCE
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # kept in arrival order
+        self.num_preemptions = 0
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if not seq.prompt_token_ids:
+            raise ValueError("prompt must contain at least one token")
+        if len(seq.prompt_token_ids) >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt has {len(seq.prompt_token_ids)} tokens but the model's max length is "
+                f"{self.config.max_model_len} (prompt + at least one new token): shorten the prompt"
+            )
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        for seq in list(self.waiting) + self.running:
+            if seq.request_id == request_id:
+                self._finish(seq, FinishReason.ABORT)
+                return seq
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Finish a sequence for a reason found outside (a stop string seen by the detokenizer)."""
+        if not seq.is_finished:
+            self._finish(seq, reason)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ---------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        knobs = self.knobs.get()  # one snapshot per step: a knob change lands exactly at a step boundary
+        bm = self.block_manager
+        budget = knobs.token_budget
+        out = SchedulerOutput(chunks=[], knobs=knobs)
+        scheduled: set[int] = set()
+
+        # 1. One token for every running decode, oldest first; free blocks by preempting the newest.
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING or not seq.is_decoding:
+                continue
+            if not self._reserve(seq, 1, out, scheduled):
+                continue
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
+            scheduled.add(id(seq))
+            budget -= 1
+        drafts, self._drafts = self._drafts, {}
+        out.draft_seconds, self._draft_seconds = self._draft_seconds, 0.0
+        if self.num_speculative_tokens > 0 and budget > 0:
+            budget -= self._take_drafts(out.chunks, budget, drafts)
+        out.num_decodes = len(out.chunks)
+        decodes = list(out.chunks)
+
+        # 2. Continue prompts already running (chunked), oldest first.
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING or id(seq) in scheduled:
+                continue
+            n = min(seq.num_uncomputed, knobs.max_chunk, budget)
+            n = min(n, bm.free_slots_for(seq)) or self._make_room(seq, n, out, scheduled)
+            if n <= 0 or not bm.ensure_slots(seq, n):
+                continue
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            scheduled.add(id(seq))
+            budget -= n
+
+        # 3. Admit waiting prompts, first come first served; none after a preemption (the pool is tight).
+        while self.waiting and budget > 0 and not out.preempted and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed, knobs.max_chunk, budget)
+            if not bm.allocate_prompt(seq, n):
+                break
+            self.waiting.popleft()
+            # The prefix cache may have covered part of the prompt: recompute the chunk from what is left.
+            n = min(seq.num_uncomputed, knobs.max_chunk, budget)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            scheduled.add(id(seq))
+            budget -= n
+
+        # 4. Nothing fit at all although sequences are running: the pool is full of partial prompts.
+        #    Preempting the newest guarantees the oldest can finish (the pool holds one max-length sequence).
+        if not out.chunks and self.running and len(self.running) > 1:
+            self._preempt(self.running[-1], out)
+        if self.num_speculative_tokens > 0:
+            self._place_drafts(decodes)
+        return out
+
+    def update(self, sched: SchedulerOutput, result: RunnerOutput) -> list[Sequence]:
+        """Apply a step's results. Returns the sequences that got a new token (finished ones included)."""
+        touched: list[Sequence] = []
+        for chunk in sched.chunks:
+            seq = chunk.seq
+            if seq.is_finished:  # aborted while the step ran
+                continue
+            if chunk.draft_token_ids:
+                self._verified(seq, result.verified[seq.request_id], len(chunk.draft_token_ids))
+                touched.append(seq)
+                continue
+            seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            self.block_manager.commit(seq)
+            if not chunk.samples:
+                continue
+            token = result.sampled[seq.request_id]
+            seq.output_token_ids.append(token)
+            seq.num_new_tokens = 1
+            touched.append(seq)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+        return touched
+
+    # ---- drafts, between steps -------------------------------------------------------------------------
+    def draft_requests(self) -> list[tuple[Sequence, int]]:
+        """The running decodes that may draft in the next step, oldest first, each with the most drafts it may take
+        (the next step's budget may cut them further). None while speculative decoding is off or more decodes run
+        than `disable_drafts_above`: the proposer's work would be thrown away. (A batch that an abort or a
+        preemption shrinks to the bound before the next step drafts from the step after.) A paused sequence is
+        left out; the next step counts its pause down."""
+        if self.num_speculative_tokens <= 0:
+            return []
+        decodes = [s for s in self.running if s.status is SequenceStatus.RUNNING and s.is_decoding]
+        if self.disable_drafts_above is not None and len(decodes) > self.disable_drafts_above:
+            return []
+        wanted = []
+        for seq in decodes:
+            if self._may_draft(seq) and seq.drafts_paused == 0:
+                room = self._draft_room(seq)
+                if room > 0:
+                    wanted.append((seq, room))
+        return wanted
+
+    def update_draft_token_ids(self, drafts: Mapping[str, list[int]], seconds: float = 0.0) -> None:
+        """Hand in the drafts for the next step (request_id -> draft ids), and the proposer's time for them (the
+        step's `draft_seconds`). They hold for the next `schedule()` only."""
+        self._drafts = {rid: list(ids) for rid, ids in drafts.items() if ids}
+        self._draft_seconds = seconds
+
+    def _may_draft(self, seq: Sequence) -> bool:
+        if seq.params.logprobs is not None:  # per-token logprobs of verified runs are not reported yet
+            return False
+        # a seeded request's tokens must not depend on its batch; whether it gets drafts does (the budget and
+        # blocks others leave), and verification draws from its generator differently
+        return seq.params.seed is None or seq.params.greedy
+
+    def _draft_room(self, seq: Sequence) -> int:
+        return min(self.num_speculative_tokens,
+                   seq.params.max_tokens - len(seq.output_token_ids) - 1,  # the model adds one of its own
+                   self.config.max_model_len - len(seq) - 1)
+
+    # ---- internals --------------------------------------------------------------------------------------
+    def _take_drafts(self, decodes: list[ScheduledChunk], budget: int, drafts: Mapping[str, list[int]]) -> int:
+        """Give this step's decodes the drafts handed in for them, oldest first, out of `budget`; returns the tokens
+        used. Each decode that may draft sets aside its room (its most drafts, within what is left) whether or not
+        it was handed that many: how the budget is split between the decodes depends on the batch alone, not on
+        which of them the proposer had guesses for."""
+        if self.disable_drafts_above is not None and len(decodes) > self.disable_drafts_above:
+            return 0
+        used, left = 0, budget
+        for chunk in decodes:
+            seq = chunk.seq
+            if left <= 0:
+                break
+            if not self._may_draft(seq):
+                continue
+            if seq.drafts_paused > 0:
+                seq.drafts_paused -= 1
+                continue
+            room = min(self._draft_room(seq), left)
+            if room <= 0:
+                continue
+            left -= room
+            taken = drafts.get(seq.request_id, [])[:room]
+            if taken:
+                chunk.draft_token_ids = list(taken)
+                chunk.num_tokens += len(taken)
+                used += len(taken)
+        return used
+
+    def _place_drafts(self, decodes: list[ScheduledChunk]) -> None:
+        """KV slots for the drafts, once every prompt chunk of the step has its own: all of a decode's drafts where
+        blocks are free, else those that fit in the blocks it holds (the budget they were given stays unused)."""
+        bm = self.block_manager
+        for chunk in decodes:
+            drafts = chunk.draft_token_ids
+            if not drafts or bm.ensure_slots(chunk.seq, 1 + len(drafts)):
+                continue
+            seq = chunk.seq
+            fit = max(0, len(seq.block_table) * bm.block_size - seq.num_computed_tokens - 1)
+            chunk.draft_token_ids = drafts[:fit]
+            chunk.num_tokens = 1 + fit
+
+    def _verified(self, seq: Sequence, tokens: list[int], drafted: int) -> None:
+        """Append what the sampler kept of a decode's drafts (and its own token), up to the first stop; the KV of
+        every kept token but the newest is in the cache; blocks only rejected drafts used go back to the pool."""
+        kept = len(tokens) - 1
+        seq.draft_acceptance += ACCEPTANCE_WEIGHT * (kept / drafted - seq.draft_acceptance)
+        if seq.draft_acceptance < self.min_acceptance:
+            seq.drafts_paused = seq.draft_pause or DRAFT_PAUSES[0]
+            seq.draft_pause = min(2 * seq.drafts_paused, DRAFT_PAUSES[1])
+        else:
+            seq.draft_pause = 0
+        seq.num_new_tokens = 0
+        reason = None
+        for token in tokens:
+            seq.output_token_ids.append(token)
+            seq.num_new_tokens += 1
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                break
+        seq.num_computed_tokens = len(seq) - 1
+        self.block_manager.commit(seq)
+        self.block_manager.trim(seq)
+        if reason is not None:
+            self._finish(seq, reason)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        p = seq.params
+        if not p.ignore_eos and token in self.config.eos_token_ids:
+            return FinishReason.STOP
+        if token in p.stop_token_ids:
+            return FinishReason.STOP
+        if len(seq.output_token_ids) >= p.max_tokens or len(seq) >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _reserve(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled: set[int]) -> bool:
+        """Get blocks for `n` tokens of `seq`, preempting newer unscheduled sequences; False if `seq` itself
+        had to go."""
+        while not self.block_manager.ensure_slots(seq, n):
+            victim = self._newest_unscheduled(scheduled)
+            if victim is None:
+                return False
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled: set[int]) -> int:
+        """A running prompt cannot take any token: preempt newer sequences until it can."""
+        while self.block_manager.free_slots_for(seq) <= 0:
+            victim = self._newest_unscheduled(scheduled)
+            if victim is None or victim is seq or victim.arrival < seq.arrival:
+                return 0
+            self._preempt(victim, out)
+        return min(n, self.block_manager.free_slots_for(seq))
+
+    def _newest_unscheduled(self, scheduled: set[int]) -> Sequence | None:
+        for seq in reversed(self.running):
+            if id(seq) not in scheduled:
+                return seq
+        return None
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_cached_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)  # it is older than everything still waiting
+        out.preempted.append(seq.request_id)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

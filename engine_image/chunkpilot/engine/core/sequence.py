@@ -1,0 +1,75 @@
+"""One request's state as the scheduler and block manager see it: token ids and how many are in the KV cache."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from chunkpilot.engine.core.sampling_params import SamplingParams
+
+_arrival_counter = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the model's max length
+    ABORT = "abort"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    # Monotonic arrival order: FCFS admission and "newest first" preemption compare this, not wall time.
+    arrival: int = field(default_factory=lambda: next(_arrival_counter))
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    # Tokens whose K/V are in the cache. Everything from here on is computed by the next scheduled chunks.
+    num_computed_tokens: int = 0
+    # Of the computed tokens, how many came from the prefix cache (for the hit-rate metric).
+    num_cached_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    # time.monotonic() when the request arrived and when a step first computed any of its tokens (queue time)
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+    # Seeds the prefix-cache hash chain: the server sets it per API key and from the request's `cache_salt`, so
+    # one tenant cannot learn from `cached_tokens` what another tenant's prompts begin with.
+    cache_salt: bytes = b""
+    # Tokens the last step appended: 1, or up to 1 + its drafts for a decode that verified drafts
+    num_new_tokens: int = 0
+    # Speculative decoding: the share of this sequence's recent drafts the model kept (a moving average), and the
+    # decode steps left during which it drafts nothing because that share was too low to pay for verification
+    draft_acceptance: float = 1.0
+    drafts_paused: int = 0
+    draft_pause: int = 0  # the next pause's length (0: the first)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self) - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the newest token is missing from the cache: the next step is a one-token decode."""
+        return self.num_uncomputed == 1 and len(self.output_token_ids) > 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,52 @@
+"""API keys on /v1/*, and the tenant each key stands for.
+
+A plain ASGI middleware on purpose: Starlette's BaseHTTPMiddleware (`@app.middleware("http")`) wraps `receive`,
+and then `request.is_disconnected()` never sees a client leave, so queued requests of vanished clients would not
+be aborted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from chunkpilot.engine.serving.api_error import ApiError
+
+TENANT = "chunkpilot_tenant"  # key in the ASGI scope's "state" (request.state) holding the caller's cache salt
+
+
+def parse_api_keys(value: str | None) -> tuple[str, ...]:
+    """`--api-key` / CHUNKPILOT_API_KEY: one key, or several separated by commas (one per tenant)."""
+    keys = tuple(k.strip() for k in (value or "").split(",") if k.strip())
+    if len(set(keys)) != len(keys):
+        raise ValueError("the API keys must be distinct: each one names a tenant")
+    return keys
+
+
+def tenant_salt(key: str) -> bytes:
+    # A digest, not the key: the salt sits in every prefix-cache hash and must not spell the secret.
+    return hashlib.sha256(b"chunkpilot-tenant:" + key.encode()).digest()[:16]
+
+
+class ApiKeyMiddleware:
+    """`Authorization: Bearer <key>` with any of the keys. With several keys, each request carries its key's
+    salt, so tenants never share prefix-cache blocks and `cached_tokens` tells nobody about another tenant's
+    prompts. With one key every caller is the same tenant."""
+
+    def __init__(self, app, keys: tuple[str, ...]) -> None:
+        self.app = app
+        self.keys = [(k.encode(), tenant_salt(k) if len(keys) > 1 else b"") for k in keys]
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            token = given[7:] if given.lower().startswith(b"bearer ") else b""
+            # compare with every key, so the time taken says nothing about which one nearly matched
+            matches = [salt for key, salt in self.keys if hmac.compare_digest(token, key)]
+            if not matches:
+                response = ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
+                                    "authentication_error", code="invalid_api_key").response()
+                await response(scope, receive, send)
+                return
+            scope.setdefault("state", {})[TENANT] = matches[0]
+        await self.app(scope, receive, send)
