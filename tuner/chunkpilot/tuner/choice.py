@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from chunkpilot.tuner import guide, reasons
 from chunkpilot.contract.slo import SLOTargets
-from chunkpilot.tuner.measurement import load_of, load_shift
+from chunkpilot.tuner import guide, reasons
 from chunkpilot.tuner.history import TrialKind
+from chunkpilot.tuner.measurement import load_of, load_shift
 from chunkpilot.tuner.space import Knobs
 
 if TYPE_CHECKING:
