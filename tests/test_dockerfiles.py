@@ -93,6 +93,10 @@ from chunkpilot.cli.main import app
 import chunkpilot.{ "operator.handlers" if part == "operator" else "tuner.daemon, chunkpilot.tuner.local" }
 result = CliRunner().invoke(app, {command.split()!r} + ["--help"])
 assert result.exit_code == 0, result.output
+# lab code (the demo, the simulator) is in no image: its commands say so instead of an import traceback
+for lab in (["demo", "--duration", "1"], ["tuner", "fit-cost", "--model", "/nowhere"]):
+    result = CliRunner().invoke(app, lab)
+    assert result.exit_code == 2 and "lab code" in result.output, (lab, result.output, result.exception)
 assert chunkpilot.cli.main.__file__.startswith("{site}")
 print("ok")
 """

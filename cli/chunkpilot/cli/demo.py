@@ -46,6 +46,10 @@ def demo(
     """Show online tuning keep the SLOs: engines + load + Prometheus + tuner on this machine, no cluster."""
     import shutil
 
+    from chunkpilot.cli.lab_code import require_lab
+
+    require_lab("demo")
+
     from rich.console import Console
     from rich.live import Live
 

@@ -128,6 +128,9 @@ def fit_cost(
     import platform
     import time
 
+    from chunkpilot.cli.lab_code import require_lab
+
+    require_lab("tuner fit-cost")
     from chunkpilot.sim.fit import fit_engine
 
     note = f"{model.name}, {platform.machine()} {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
