@@ -35,6 +35,16 @@ MAX_SPECULATIVE_TOKENS = 16
 NUM_SPECULATIVE_TOKENS = 2
 PROMPT_LOOKUP = (1, 4)  # the n-gram lookup's shortest and longest context (vLLM's prompt_lookup_min/max)
 
+# Prefill/decode disaggregation (chunkpilot.engine.kv_transfer): an engine's roles, the KV transports it can pull
+# blocks with, and the defaults the CRD's spec.disaggregation shares. A decode (or both) engine sends a prompt to a
+# prefill pod when more than DISAGG_THRESHOLD of its tokens are not in its own prefix cache; a prefill pod holds the
+# blocks it computed for LEASE_SECONDS at most, until the decode pod acknowledges them.
+ROLES = ("both", "prefill", "decode")
+KV_TRANSPORTS = ("nixl",)
+DISAGG_THRESHOLD = 256
+KV_LEASE_SECONDS = 10.0
+PREFILL_MAX_WAITING = 8
+
 ENV_PREFIX = "CHUNKPILOT_"
 
 # Who reads a setting: the engine's EngineConfig, the server's ServerSettings, or the process that listens (uvicorn).
@@ -150,6 +160,24 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("exit_on_load_failure", bool, False, "Exit with status 1 when the model fails to load, the error as the "
             "last log line (in a pod: restarted and reported at once); by default the server stays up and says "
             "why on /ready.", "server", operator=True),
+    Setting("role", str, "both", "Disaggregation role: both (prefill and decode here, the default) | prefill "
+            "(serve /kv/prefill for decode pods and hold the blocks under a lease) | decode (send long uncached "
+            "prompts to --prefill-peers and pull their KV blocks). See docs/disaggregation.md.", "server",
+            operator=True),
+    Setting("prefill_peers", str, None, "Prefill pods a decode (or both) engine may send prompts to: host:port "
+            "entries separated by commas; a name that resolves to several addresses (a headless Service) is every "
+            "pod behind it, resolved again every second.", "server", operator=True),
+    Setting("disagg_threshold", int, DISAGG_THRESHOLD, "Uncached prompt tokens above which a decode engine has a "
+            "prefill pod compute the prompt; at or below it the prompt is prefilled here, chunked as usual.",
+            "server", operator=True),
+    Setting("kv_transport", str, "nixl", "How KV blocks move between pods: nixl (NVIDIA's transfer library over "
+            "UCX: shared memory, TCP, RDMA or GPU memory, whatever UCX finds; UCX_TLS narrows it).", "server",
+            operator=True),
+    Setting("kv_lease_seconds", float, KV_LEASE_SECONDS, "Prefill role: seconds a prefill pod holds the blocks of "
+            "a prompt it computed for the decode pod that asked; released earlier on acknowledgement or abort.",
+            "server", operator=True),
+    Setting("prefill_max_waiting", int, PREFILL_MAX_WAITING, "A prefill pod with more requests waiting than this "
+            "is saturated: decode engines prefill locally instead of queueing behind it.", "server"),
     Setting("seed", int, 0, "Seed for requests without their own.", "engine"),
     Setting("log_level", str, "info", "debug | info | warning | error.", "listen"),
 )

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from chunkpilot.contract.engine_settings import KV_TRANSPORTS, ROLES
 from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
 from chunkpilot.engine.config import EngineConfig
@@ -68,6 +69,13 @@ class ServerSettings:
     # FallbackToLogsOnError and shows it in the resource's conditions), instead of the start-up probe failing
     # for its whole timeout. Locally the server stays up and says why on /ready and /health.
     exit_on_load_failure: bool = setting_default("exit_on_load_failure")
+    # Prefill/decode disaggregation (docs/disaggregation.md, engine/kv_transfer/)
+    role: str = setting_default("role")
+    prefill_peers: str | None = setting_default("prefill_peers")
+    disagg_threshold: int = setting_default("disagg_threshold")
+    kv_transport: str = setting_default("kv_transport")
+    kv_lease_seconds: float = setting_default("kv_lease_seconds")
+    prefill_max_waiting: int = setting_default("prefill_max_waiting")
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -77,6 +85,20 @@ class ServerSettings:
                 raise ValueError(f"{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
         if self.max_request_bytes is not None and self.max_request_bytes < 1024:
             raise ValueError(f"max-request-bytes must be >= 1024, got {self.max_request_bytes}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.kv_transport not in KV_TRANSPORTS:
+            raise ValueError(f"kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
+        if self.role == "decode" and not self.prefill_peers:
+            raise ValueError("role decode needs --prefill-peers (host:port of the prefill pods, or their headless "
+                             "Service's name:port)")
+        if self.role == "prefill" and self.prefill_peers:
+            raise ValueError("role prefill computes prompts for decode pods and sends none on: drop --prefill-peers")
+        if self.disagg_threshold < 0:
+            raise ValueError(f"disagg-threshold must be >= 0 uncached tokens, got {self.disagg_threshold}")
+        if not self.kv_lease_seconds > 0 or self.prefill_max_waiting < 0:
+            raise ValueError("kv-lease-seconds must be > 0 and prefill-max-waiting >= 0, got "
+                             f"{self.kv_lease_seconds} and {self.prefill_max_waiting}")
 
     @property
     def model_name(self) -> str:
