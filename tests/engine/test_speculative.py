@@ -310,7 +310,7 @@ def test_sampled_outputs_are_distributed_alike_with_and_without_speculation(tmp_
         stat, df = homogeneity([t[position] for t in off], [t[position] for t in on])
         assert df >= 5 and stat < chi2_critical_999(df), (position, stat, df)
 
-    def keep_every_draft(self, logits, drafts, request_id, params):
+    def keep_every_draft(self, logits, drafts, request_id, params, position=0):
         return list(drafts) + [int(logits[len(drafts)].argmax())]
 
     monkeypatch.setattr(Sampler, "verify", keep_every_draft)

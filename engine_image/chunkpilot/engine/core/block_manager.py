@@ -158,6 +158,24 @@ class BlockManager:
         seq.num_computed_tokens = 0
         self._seq_hashes.pop(seq.request_id, None)
 
+    def hold(self, seq: Sequence) -> list[int]:
+        """Take a finished sequence's blocks away from it without releasing them: a prefill pod holds them under
+        a lease until the decode pod has pulled them (`release`). Full blocks stay findable by their hashes, so
+        other prompts may share them meanwhile; nobody can be handed them for new tokens."""
+        blocks, seq.block_table = seq.block_table, []
+        seq.num_computed_tokens = 0
+        self._seq_hashes.pop(seq.request_id, None)
+        return blocks
+
+    def release(self, blocks: Seq[int]) -> None:
+        """Give back blocks taken by `hold` (the lease ended: acknowledged, aborted or expired)."""
+        for b in reversed(blocks):
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] < 0:
+                raise RuntimeError(f"block {b} released more often than it was taken")
+            if self.ref_counts[b] == 0:
+                self._free[b] = None
+
     def reset_prefix_cache(self) -> None:
         self._block_of_hash.clear()
         self._hash_of_block.clear()

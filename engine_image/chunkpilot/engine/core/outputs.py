@@ -25,6 +25,8 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    # prefill role: the finished prompt's blocks, held for a decode pod (Sequence.hold_kv)
+    held_blocks: list[int] = field(default_factory=list)
 
 
 @dataclass

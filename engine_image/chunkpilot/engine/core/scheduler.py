@@ -119,6 +119,20 @@ class Scheduler:
             )
         self.waiting.append(seq)
 
+    def add_prefilled(self, seq: Sequence) -> None:
+        """A sequence whose prompt another engine computed (disaggregation, decode role): it already holds blocks
+        with every prompt token's K/V and its first token, so it joins the running decodes directly."""
+        if seq.num_computed_tokens != len(seq.prompt_token_ids) or len(seq.output_token_ids) != 1:
+            raise RuntimeError(f"sequence {seq.request_id} is not a prefilled prompt with its first token")
+        self.block_manager.commit(seq)  # its full blocks are verified now: others may share them
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    @property
+    def has_room(self) -> bool:
+        """Another sequence may run now (max_num_seqs)."""
+        return len(self.running) < self.config.max_num_seqs
+
     def abort(self, request_id: str) -> Sequence | None:
         for seq in list(self.waiting) + self.running:
             if seq.request_id == request_id:
@@ -324,6 +338,11 @@ class Scheduler:
         if reason is not None:
             self._finish(seq, reason)
 
+    def stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Why appending `token` (already appended) ends the sequence, or None: also for a first token that a
+        prefill pod sampled."""
+        return self._stop_reason(seq, token)
+
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.params
         if not p.ignore_eos and token in self.config.eos_token_ids:
@@ -376,6 +395,9 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        if seq.hold_kv and reason is not FinishReason.ABORT:
+            seq.held_blocks = self.block_manager.hold(seq)
+        else:
+            self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -53,6 +53,10 @@ class Sequence:
     draft_acceptance: float = 1.0
     drafts_paused: int = 0
     draft_pause: int = 0  # the next pause's length (0: the first)
+    # Disaggregation, prefill role (kv_transfer/): when the sequence finishes, its blocks are not freed but
+    # handed to `held_blocks`, still referenced, until the decode pod that asked has pulled them (a lease).
+    hold_kv: bool = False
+    held_blocks: list[int] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:

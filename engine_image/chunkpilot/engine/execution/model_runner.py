@@ -63,7 +63,8 @@ class ModelRunner:
             if c.draft_token_ids:
                 n = 1 + len(c.draft_token_ids)
                 verified[c.seq.request_id] = self.sampler.verify(logits[at : at + n], c.draft_token_ids,
-                                                                 c.seq.request_id, c.seq.params)
+                                                                 c.seq.request_id, c.seq.params,
+                                                                 len(c.seq.output_token_ids))
                 at += n
             else:
                 plain.append(c)
@@ -73,7 +74,8 @@ class ModelRunner:
         if plain:
             ids = [c.seq.request_id for c in plain]
             picked = logits if len(rows) == len(logits) else logits[torch.tensor(rows, device=logits.device)]
-            tokens, logprobs = self.sampler.sample(picked, ids, [c.seq.params for c in plain])
+            tokens, logprobs = self.sampler.sample(picked, ids, [c.seq.params for c in plain],
+                                                   [len(c.seq.output_token_ids) for c in plain])
             out.sampled = dict(zip(ids, tokens))
             out.logprobs = {rid: lp for rid, lp in zip(ids, logprobs) if lp is not None}
         return out

@@ -18,20 +18,25 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
 
-    def _generator_for(self, request_id: str, params: SamplingParams) -> torch.Generator:
+    def _generator_for(self, request_id: str, params: SamplingParams, position: int) -> torch.Generator:
+        """A seeded request's draws for its output token `position` come from (seed, position) alone, not from
+        the draws before: the tokens are the same whichever engine drew the earlier ones (a prefill pod draws the
+        first, a decode pod the rest) and whatever was batched with it."""
         if params.seed is None:
             return self.generator
         g = self._request_generators.get(request_id)
         if g is None:
-            g = torch.Generator(device=self.device)
-            g.manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)  # negative seeds too (manual_seed wants uint64)
-            self._request_generators[request_id] = g
+            g = self._request_generators[request_id] = torch.Generator(device=self.device)
+        g.manual_seed(_mix(params.seed, position))
         return g
 
     def sample(
-        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams],
+        positions: list[int] | None = None,
     ) -> tuple[list[int], list[tuple[float, list[tuple[int, float]]] | None]]:
-        """logits: [S, vocab] float32. Returns tokens, and per row (chosen logprob, top-n) or None."""
+        """logits: [S, vocab] float32; positions: per row, the index of the output token being drawn (seeded
+        requests draw from it). Returns tokens, and per row (chosen logprob, top-n) or None."""
+        positions = positions or [0] * len(params)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
@@ -40,7 +45,7 @@ class Sampler:
             # One draw per row with its own generator: a seeded request gives the same tokens whatever it is
             # batched with.
             for j, i in enumerate(random_rows):
-                g = self._generator_for(request_ids[i], params[i])
+                g = self._generator_for(request_ids[i], params[i], positions[i])
                 tokens[i] = torch.multinomial(probs[j], 1, generator=g)[0]
         token_list = tokens.tolist()
         logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(params)
@@ -57,7 +62,8 @@ class Sampler:
                 logprobs[i] = (chosen, top)
         return token_list, logprobs
 
-    def verify(self, logits: torch.Tensor, drafts: list[int], request_id: str, params: SamplingParams) -> list[int]:
+    def verify(self, logits: torch.Tensor, drafts: list[int], request_id: str, params: SamplingParams,
+               position: int = 0) -> list[int]:
         """logits: [1 + k, vocab], row i the model's distribution after the sequence and drafts[:i]. Returns the
         drafts kept and one token of the model's own: the next token where a draft was rejected, else after them.
 
@@ -72,7 +78,7 @@ class Sampler:
                 kept += 1
             return drafts[:kept] + [best[kept]]
         probs = self._filtered_probs(logits, [params] * len(logits))
-        g = self._generator_for(request_id, params)
+        g = self._generator_for(request_id, params, position)
         draws = torch.rand(len(drafts), generator=g, device=logits.device).tolist()
         for i, d in enumerate(drafts):
             if draws[i] < float(probs[i, d]):
@@ -104,3 +110,15 @@ class Sampler:
             drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
             logits = logits.masked_fill(drop, float("-inf"))
         return logits.softmax(dim=-1)
+
+
+_MASK = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _mix(seed: int, position: int) -> int:
+    """One 64-bit seed per (request seed, output position): splitmix64's finalizer over the pair, so neighbouring
+    seeds and positions give unrelated streams. Negative seeds too (manual_seed wants uint64)."""
+    z = (seed + 0x9E37_79B9_7F4A_7C15 * (position + 1)) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58_476D_1CE4_E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D0_49BB_1331_11EB) & _MASK
+    return z ^ (z >> 31)
