@@ -72,10 +72,11 @@ def test_counters_follow_the_engines_totals_and_gauges_its_last_state():
 
 
 def test_the_server_reads_the_engine_only_through_its_facade():
-    """serving/server.py and async_engine.py name none of LLMEngine's parts (its scheduler, block manager, runner,
+    """The server (its routes, the prefill role's included), async_engine.py and the decode side of disaggregation
+    name none of LLMEngine's parts (its scheduler, block manager, runner,
     workers, last step) and the server never reaches through AsyncEngine to the LLMEngine behind it."""
     inner = {"scheduler", "block_manager", "runner", "last_step", "worker", "_workers", "_live"}
-    for name in ("serving/server.py", "async_engine.py"):
+    for name in ("serving/server.py", "serving/kv_routes.py", "async_engine.py", "kv_transfer/decode_side.py"):
         tree = ast.parse((ENGINE / name).read_text())
         attrs = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute)]
         assert not [a.attr for a in attrs if a.attr in inner - ({"_live"} if name == "async_engine.py" else set())]

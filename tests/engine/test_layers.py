@@ -26,9 +26,12 @@ ENGINE = Path(__file__).resolve().parents[2] / "engine_image" / "chunkpilot" / "
 # * model (the network and its loading) sits above parallel because its layers all-reduce through the group;
 # * execution (worker, runner, sampler, rank processes) runs the model; speculation (the proposers, the draft model)
 #   reads the tokenizer and the core; the two are siblings, neither imports the other, and the engine joins them;
+# * kv_transfer (prefill/decode disaggregation: the wire, leases, peers, transports, the decode side's pull) moves
+#   whole blocks of the execution layer's pool and hands the engine's own methods the sequences; the engine wires it
+#   into the async layer;
 # * serving (HTTP) sees the engine only through its facades, and nothing below it knows there is a server.
-LAYERS: list[set[str]] = [{"config"}, {"core"}, {"parallel"}, {"model"}, {"execution", "speculation"}, {"engine"},
-                          {"serving"}]
+LAYERS: list[set[str]] = [{"config"}, {"core"}, {"parallel"}, {"model"}, {"execution", "speculation"}, {"kv_transfer"},
+                          {"engine"}, {"serving"}]
 SUBPACKAGES = set().union(*LAYERS) - {"config", "engine"}
 # Where the settings live; *Config classes elsewhere are a layering mistake, but for the checkpoint's own
 # description (model_config.py reads a model folder's config.json: the model's, not the engine's, settings).

@@ -16,6 +16,7 @@ from chunkpilot.engine.core.outputs import RequestOutput
 from chunkpilot.engine.core.sampling_params import SamplingParams
 from chunkpilot.engine.core.sequence import Sequence
 from chunkpilot.engine.core.stats import SchedulerStats, StepStats
+from chunkpilot.engine.kv_transfer.decode_side import PullFailed, RemotePrefill
 from chunkpilot.engine.llm_engine import LLMEngine
 from chunkpilot.engine.metrics import EngineMetrics
 from chunkpilot.engine.model.tokenizer import Tokenizer
@@ -38,6 +39,11 @@ class _Live:
     loop: asyncio.AbstractEventLoop
     first_token: float | None = None
     last_token: float | None = None
+    # disaggregation: the task that has a prefill pod compute the prompt; the caller left (nothing may enter the
+    # engine for it any more); when its pulled blocks joined the batch (the first decode's phase starts)
+    remote: asyncio.Task | None = None
+    abandoned: bool = False
+    admitted: float | None = None
 
 
 # Tokenizing and chat templating run here, off the event loop, so a large prompt never stalls /health or other
@@ -46,8 +52,11 @@ PREPARE_WORKERS = 2
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, metrics: EngineMetrics, *, max_waiting: int = 256, retry_after: int = 1) -> None:
+    def __init__(self, engine: LLMEngine, metrics: EngineMetrics, *, max_waiting: int = 256, retry_after: int = 1,
+                 remote: RemotePrefill | None = None) -> None:
+        """`remote`: a decode (or both) engine's way to prefill long prompts on prefill pods (kv_transfer/)."""
         self.engine = engine
+        self.remote = remote
         self.retry_after = retry_after  # seconds, sent with HTTP 429
         self.metrics = metrics
         self.max_waiting = max_waiting
@@ -131,11 +140,16 @@ class AsyncEngine:
     # ---- requests ---------------------------------------------------------------------------------------
     async def generate(
         self, request_id: str, prompt=None, params: SamplingParams | None = None, *, messages=None,
-        cache_salt: bytes = b"",
+        cache_salt: bytes = b"", hold_kv: bool = False, remote_auth: str | None = None,
+        remote_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs as steps produce them. Raises ValueError (bad input), QueueFullError,
         EngineUnavailableError before the first output. Closing the iterator early aborts the request and frees
-        its KV blocks at the next step boundary."""
+        its KV blocks at the next step boundary.
+
+        Disaggregation: `hold_kv` (prefill role) keeps the finished prompt's blocks for a decode pod (the last
+        output's `held_blocks`); `remote_auth`/`remote_salt`: the caller's Authorization header and own cache
+        salt, which a prefill pod needs to salt the prompt as this engine does."""
         if self.draining or not self.alive:
             raise EngineUnavailableError("the engine is shutting down" if self.draining else "the engine stopped")
         self._admit()
@@ -147,6 +161,7 @@ class AsyncEngine:
                                                                  cache_salt=cache_salt))
         finally:
             self._preparing -= 1
+        seq.hold_kv = hold_kv
         live = _Live(seq, asyncio.Queue(), loop)
         with self._lock:
             if self.error is not None:  # the loop died after the check above: do not wait for it forever
@@ -156,7 +171,11 @@ class AsyncEngine:
             if request_id in self._live:
                 raise ValueError(f"request id {request_id!r} is already in flight")
             self._live[request_id] = live
-        self.engine.submit(seq)
+        peer = self.remote.route(seq) if self.remote is not None else None
+        if peer is None:
+            self.engine.submit(seq)
+        else:
+            live.remote = asyncio.ensure_future(self._remote_prefill(live, peer, remote_auth, remote_salt))
         self._wake.set()
         finished = False
         try:
@@ -170,10 +189,93 @@ class AsyncEngine:
                     return
         finally:
             if not finished:  # client went away or the caller stopped reading
+                live.abandoned = True  # a remote prefill in flight puts nothing into the engine any more
                 self.engine.abort(request_id)
+                if hold_kv:  # it may have finished holding blocks that no lease will ever release
+                    self.engine.drop_held(seq)
                 self._wake.set()
             with self._lock:
                 self._live.pop(request_id, None)
+
+    async def _remote_prefill(self, live: _Live, peer, auth: str | None, salt: str | None) -> None:
+        """A prefill pod computes the prompt; its first token goes to the client at once; the blocks are pulled
+        and the sequence decodes here. On any failure the prompt is prefilled here (with the first token, once
+        the client has it). Never cancelled: a request the client left is marked abandoned."""
+        try:
+            await self._remote_prefill_steps(live, peer, auth, salt)
+        except Exception as e:  # a bug, not a peer's failure (those fall back): fail the request, never hang it
+            log.exception("remote prefill of %s failed", live.seq.request_id)
+            live.queue.put_nowait(e)
+
+    async def _remote_prefill_steps(self, live: _Live, peer, auth: str | None, salt: str | None) -> None:
+        seq, m, remote = live.seq, self.metrics, self.remote
+        t0 = time.monotonic()
+        seq.first_scheduled_time = t0  # the queue metric ends here; the prefill's phase begins
+        m.ttft_phase("queue").observe(t0 - seq.arrival_time)
+        try:
+            offer = await remote.prefill(peer, seq, auth=auth, cache_salt=salt)
+        except PullFailed as e:
+            log.info("remote prefill of %s not used (%s)", seq.request_id, e)
+            return self._prefill_here(live, e.reason, None)
+        t1 = time.monotonic()
+        m.ttft_phase("remote_prefill").observe(t1 - t0)
+        out, detok = self.engine.first_output(seq, offer.first_token, offer.logprob)
+        self._deliver(out, t1)
+        if out.finished or live.abandoned or self._closing:
+            await remote.release(peer, offer)
+            if not out.finished:
+                self._end_unfinished(live)
+            return
+        try:
+            nbytes = await remote.pull(peer, seq, offer)
+        except PullFailed as e:
+            log.warning("pulling the KV blocks of %s failed, prefilling here (%s)", seq.request_id, e)
+            m.kv_failed.inc()
+            return self._prefill_here(live, e.reason, detok)
+        t2 = time.monotonic()
+        m.ttft_phase("transfer").observe(t2 - t1)
+        m.kv_xfer_time.observe(t2 - t1)
+        m.kv_xfer_bytes.observe(nbytes)
+        m.kv_transfer_bytes.inc(nbytes)
+        m.kv_transfer("ok").inc()
+        if live.abandoned or self._closing:
+            self.engine.cancel_reserved(seq)
+            self._wake.set()
+            return self._end_unfinished(live)
+        live.admitted = t2
+        self.engine.admit_prefilled(seq, detok)
+        self._wake.set()
+
+    def _prefill_here(self, live: _Live, reason: str, detok) -> None:
+        self.metrics.kv_fallback(reason).inc()
+        self.metrics.kv_transfer("fallback").inc()
+        if live.abandoned or self._closing:
+            return self._end_unfinished(live)
+        self.engine.submit(live.seq, detok)
+        self._wake.set()
+
+    def _end_unfinished(self, live: _Live) -> None:
+        """The engine is closing (or the client left) before the request entered it: end its stream as drain
+        ends the others'."""
+        if not live.abandoned:
+            seq = live.seq
+            live.queue.put_nowait(RequestOutput(seq.request_id, [], "", True, "abort",
+                                                num_prompt_tokens=len(seq.prompt_token_ids),
+                                                num_output_tokens=len(seq.output_token_ids)))
+
+    def release_held(self, blocks: list[int]) -> None:
+        """Prefill role: a lease ended; the blocks go back at the next step boundary."""
+        self.engine.release_held(blocks)
+        self._wake.set()
+
+    @property
+    def kv_pool(self):
+        """The KV pool tensor (prefill role: checksums of the blocks it offers)."""
+        return self.engine.kv_pool
+
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
 
     def _admit(self) -> None:
         waiting = self.num_waiting
@@ -226,6 +328,9 @@ class AsyncEngine:
                 m.prompt_tokens.inc(out.num_prompt_tokens)
             else:
                 m.itl.observe(now - live.last_token)
+                if live.admitted is not None:  # the first step after pulled blocks joined the batch
+                    m.ttft_phase("first_decode").observe(now - live.admitted)
+                    live.admitted = None
             live.last_token = now
         if out.finished and out.finish_reason != "abort":
             seq = live.seq

@@ -15,6 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import torch
 
@@ -25,7 +26,7 @@ from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.core.outputs import RequestOutput, TokenLogprob
 from chunkpilot.engine.core.sampling_params import SamplingParams
 from chunkpilot.engine.core.scheduler import MIN_ACCEPTANCE, Scheduler, SchedulerConfig
-from chunkpilot.engine.core.sequence import FinishReason, Sequence
+from chunkpilot.engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from chunkpilot.engine.execution.activation_memory import activation_bytes_per_token, device_free_memory
 from chunkpilot.engine.model.model_config import ModelConfig
 from chunkpilot.engine.speculation.draft_cost import RowCost
@@ -34,6 +35,7 @@ from chunkpilot.engine.speculation.speculative import make_proposer
 from chunkpilot.engine.core.stats import SchedulerStats, StepStats
 from chunkpilot.engine.execution.tp_worker import RankFailedError, WorkerProcesses
 from chunkpilot.engine.execution.worker import RankMemory, Worker, resolve_device
+from chunkpilot.engine.kv_transfer.wire import fingerprint
 from chunkpilot.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from chunkpilot.engine.model.tp_shard import check_tensor_parallel
 from chunkpilot.engine.parallel.tp_group import KEEPALIVE, Rendezvous, TPGroup
@@ -232,11 +234,96 @@ class LLMEngine:
         self.submit(seq)
         return seq
 
-    def submit(self, seq: Sequence) -> None:
-        """Queue a sequence made by `make_sequence`; it joins the batch at the next step."""
+    def submit(self, seq: Sequence, detok: IncrementalDetokenizer | None = None) -> None:
+        """Queue a sequence made by `make_sequence`; it joins the batch at the next step. `detok`: the one
+        `first_output` made, for a sequence whose first token a prefill pod sampled (it is prefilled here after
+        all, with that token)."""
         with self._pending_lock:
             self._pending_adds += 1
-        self._pending.put(("add", seq))
+        self._pending.put(("add", (seq, detok)))
+
+    # ---- disaggregation (kv_transfer/): the step loop owns the block manager, so these are queued too ------
+    def first_output(self, seq: Sequence, token: int, logprob=None) -> tuple[RequestOutput, IncrementalDetokenizer]:
+        """Decode side: append the first token a prefill pod sampled and say it as the step loop would (its text,
+        whether it ends the request). Any thread: it touches only `seq`, which no step has seen yet."""
+        detok = IncrementalDetokenizer(self.tokenizer, list(seq.params.stop), seq.prompt_token_ids)
+        seq.output_token_ids.append(token)
+        seq.num_new_tokens = 1
+        text, hit_stop = detok.add(token)
+        reason = FinishReason.STOP if hit_stop else self.scheduler.stop_reason(seq, token)
+        if reason is not None:
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+            text += detok.flush()
+        lps = [TokenLogprob(token, logprob[0], logprob[1])] if logprob is not None else []
+        return self._output(seq, [token], text, lps), detok
+
+    def reserve_prefilled(self, seq: Sequence) -> Future:
+        """Decode side: blocks for every prompt token of `seq` (its cached prefix shared, fresh blocks for the
+        rest, which the transfer fills). The future's result: True, or False when the pool or the running
+        sequences are full (then it is prefilled here instead)."""
+        fut: Future = Future()
+        self._pending.put(("reserve", (seq, fut)))
+        return fut
+
+    def admit_prefilled(self, seq: Sequence, detok: IncrementalDetokenizer) -> None:
+        """Decode side: the reserved blocks hold the verified K/V of the whole prompt: `seq` decodes from the next
+        step on."""
+        self._pending.put(("admit", (seq, detok)))
+
+    def cancel_reserved(self, seq: Sequence) -> None:
+        """Decode side: give back what `reserve_prefilled` took (the transfer failed or the client left); the
+        blocks were never named in the prefix cache, so nothing unverified can be found by another prompt."""
+        self._pending.put(("cancel", seq))
+
+    def release_held(self, blocks: list[int]) -> None:
+        """Prefill side: a lease ended; its blocks go back to the pool."""
+        self._pending.put(("release", blocks))
+
+    def drop_held(self, seq: Sequence) -> None:
+        """Prefill side: nobody will lease what `seq` holds (its caller left): queued after the abort, so by then
+        the sequence was either aborted (its blocks freed) or finished holding them (released here)."""
+        self._pending.put(("drop", seq))
+
+    @property
+    def kv_pool(self) -> torch.Tensor:
+        """The KV pool tensor, which a KV transport registers (kv_transfer/)."""
+        return self.kv_cache.tensor
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def cached_prefix_tokens(self, seq: Sequence) -> int:
+        """How many of the prompt's tokens this engine's prefix cache holds now. Any thread: the lookup only reads
+        the cache's table, and an answer a step makes stale only moves a routing choice, never correctness."""
+        return len(self.block_manager.match_prefix(seq.prompt_token_ids, seq.cache_salt)) * self.config.block_size
+
+    def kv_fingerprint(self) -> str:
+        """What decides whether another engine's KV blocks are usable here: the model (its config and the
+        weights files' headers and sizes), the dtype, quantization, block size and the pool's shape."""
+        import hashlib
+        from pathlib import Path
+
+        model = Path(self.config.model)
+        weights = hashlib.sha256()
+        for f in sorted(model.glob("*.safetensors")):
+            # the header (names, shapes, dtypes) and 16 samples of 64 KiB spread over the values: a fine-tune of
+            # the same architecture differs there, and reading them costs milliseconds however large the model
+            size = f.stat().st_size
+            weights.update(f.name.encode() + str(size).encode())
+            with f.open("rb") as fh:
+                head = fh.read(8)
+                weights.update(fh.read(min(int.from_bytes(head, "little") if len(head) == 8 else 0, 1 << 24)))
+                for i in range(16):
+                    fh.seek(size * i // 16)
+                    weights.update(fh.read(1 << 16))
+        config = model / "config.json"
+        return fingerprint({
+            "config": hashlib.sha256(config.read_bytes()).hexdigest() if config.exists() else None,
+            "weights": weights.hexdigest(), "dtype": str(self.dtype), "block_size": self.config.block_size,
+            "quantization": self.config.quantization,
+            "pool": list(self.kv_pool.shape[:2]) + list(self.kv_pool.shape[3:]),
+        })
 
     @property
     def num_waiting(self) -> int:
@@ -268,14 +355,32 @@ class LLMEngine:
             except queue.Empty:
                 return outputs
             if kind == "add":
-                seq = item
+                seq, detok = item
                 with self._pending_lock:
                     self._pending_adds -= 1
                 if seq.request_id in self._live:
                     raise ValueError(f"request id {seq.request_id!r} is already running")
                 self.scheduler.add(seq)
-                detok = IncrementalDetokenizer(self.tokenizer, list(seq.params.stop), seq.prompt_token_ids)
+                if detok is None:
+                    detok = IncrementalDetokenizer(self.tokenizer, list(seq.params.stop), seq.prompt_token_ids)
                 self._live[seq.request_id] = (seq, detok)
+            elif kind == "reserve":
+                seq, fut = item
+                ok = self.scheduler.has_room and self.block_manager.allocate_prompt(seq, len(seq.prompt_token_ids))
+                fut.set_result(bool(ok))
+            elif kind == "admit":
+                seq, detok = item
+                seq.num_computed_tokens = len(seq.prompt_token_ids)
+                self.scheduler.add_prefilled(seq)
+                self._live[seq.request_id] = (seq, detok)
+            elif kind == "cancel":
+                self.block_manager.free(item)
+                item.num_cached_tokens = 0
+            elif kind == "release":
+                self.block_manager.release(item)
+            elif kind == "drop" and item.held_blocks:
+                self.block_manager.release(item.held_blocks)
+                item.held_blocks = []
             elif kind == "abort" and item in self._live:
                 seq, detok = self._live.pop(item)
                 self.scheduler.abort(item)
@@ -369,6 +474,7 @@ class LLMEngine:
             num_prompt_tokens=len(seq.prompt_token_ids),
             num_output_tokens=len(seq.output_token_ids),
             num_cached_tokens=seq.num_cached_tokens,
+            held_blocks=list(seq.held_blocks) if seq.is_finished else [],
         )
 
 

@@ -91,6 +91,44 @@ class EngineMetrics:
         self._rank_kv = Gauge(RANK_KV_CACHE_BYTES, "Bytes of KV cache one tensor-parallel rank holds (its KV heads).",
                               [MODEL_LABEL, RANK_LABEL], registry=r)
 
+        # prefill/decode disaggregation (kv_transfer/); zero on engines that run both roles
+        self.kv_xfer_time = hist(KV_XFER_TIME, "Seconds one KV-block transfer took (pull, checksums and "
+                                 "acknowledgement).", REQUEST_LATENCY_BUCKETS)
+        self.kv_xfer_bytes = hist(KV_BYTES_TRANSFERRED, "Bytes of KV blocks one transfer moved.",
+                                  [b for b in one_two_five_buckets(10**10) if b >= 10**4])
+        self.kv_failed = counter(KV_FAILED_TRANSFERS, "KV-block transfers that failed (any reason).")
+        self.kv_transfer_bytes = counter(KV_TRANSFER_BYTES, "Bytes of KV blocks pulled from prefill pods.")
+        self._kv_transfers = Counter(_base(KV_TRANSFERS), "Remote prefills by outcome: ok (blocks pulled and "
+                                     "verified) or fallback (prefilled here instead).", [MODEL_LABEL, OUTCOME_LABEL],
+                                     registry=r)
+        self._kv_fallbacks = Counter(_base(KV_FALLBACKS), "Requests sent to a prefill pod but prefilled here, by "
+                                     "reason.", [MODEL_LABEL, REASON_LABEL], registry=r)
+        self.remote_prefills_served = counter(REMOTE_PREFILLS_SERVED, "Prompts this prefill pod computed for decode "
+                                              "pods.")
+        self.prefill_peers_ready = gauge(PREFILL_PEERS_READY, "Prefill pods that answered this decode pod's last "
+                                         "poll with the same KV layout (saturated ones included).")
+        self.kv_leases_held = gauge(KV_LEASES_HELD, "Prompts whose KV blocks this prefill pod holds for a decode pod.")
+        self._ttft_phase = Histogram(TTFT_PHASE, "A remotely prefilled request's time to first token by phase; "
+                                     "first_decode: from the transfer to the second token.",
+                                     [MODEL_LABEL, PHASE_LABEL], buckets=TTFT_BUCKETS, registry=r)
+
+        # every label value from the start: a dashboard shows 0, not "no data", until the first fallback
+        for outcome in KV_TRANSFER_OUTCOMES:
+            self.kv_transfer(outcome)
+        for reason in KV_FALLBACK_REASONS:
+            self.kv_fallback(reason)
+        for phase in TTFT_PHASES:
+            self.ttft_phase(phase)
+
+    def kv_transfer(self, outcome: str):
+        return self._kv_transfers.labels(self.model_name, outcome)
+
+    def kv_fallback(self, reason: str):
+        return self._kv_fallbacks.labels(self.model_name, reason)
+
+    def ttft_phase(self, phase: str):
+        return self._ttft_phase.labels(self.model_name, phase)
+
     def spec_accepted_at(self, position: int):
         """The per-position counter of kept drafts (position 0 = the first draft of a decode)."""
         return self._spec_per_pos.labels(self.model_name, str(position))

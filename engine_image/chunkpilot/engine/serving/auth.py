@@ -1,4 +1,4 @@
-"""API keys on /v1/*, and the tenant each key stands for.
+"""API keys on /v1/* (and the prefill role's /kv/*), and the tenant each key stands for.
 
 A plain ASGI middleware on purpose: Starlette's BaseHTTPMiddleware (`@app.middleware("http")`) wraps `receive`,
 and then `request.is_disconnected()` never sees a client leave, so queued requests of vanished clients would not
@@ -38,7 +38,8 @@ class ApiKeyMiddleware:
         self.keys = [(k.encode(), tenant_salt(k) if len(keys) > 1 else b"") for k in keys]
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        # /kv/* too: a prefill pod computes prompts for whoever calls it, under the caller's tenant
+        if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/kv/")):
             given = dict(scope["headers"]).get(b"authorization", b"")
             token = given[7:] if given.lower().startswith(b"bearer ") else b""
             # compare with every key, so the time taken says nothing about which one nearly matched

@@ -36,6 +36,10 @@ from chunkpilot.engine.serving.body_limit import BodyLimitMiddleware
 from chunkpilot.engine.serving.protocol import ChatCompletionRequest, CompletionRequest, error_body
 from chunkpilot.engine.serving.responses import chat_chunks, chat_full, completion_chunks, completion_full
 from chunkpilot.engine.serving.streaming import ABORTED, sse_response
+from chunkpilot.engine.kv_transfer.decode_side import RemotePrefill
+from chunkpilot.engine.kv_transfer.peers import PrefillPeers
+from chunkpilot.engine.kv_transfer.factory import make_transport
+from chunkpilot.engine.serving.kv_routes import PrefillSide, add_kv_routes
 
 log = logging.getLogger(__name__)
 
@@ -118,16 +122,29 @@ class ServerState:
         self.watcher: KnobsFileWatcher | None = None
         self.started = time.time()
         self.on_fatal = None  # set by serve(): stops the server (exit_on_load_failure)
+        # disaggregation: the prefill role's leases and transport, or a decode engine's remote prefill
+        self.prefill_side: PrefillSide | None = None
+        self.remote = None
+        self.loaded = threading.Event()  # load() ended, either way
 
     def load(self) -> None:
         from chunkpilot.engine.llm_engine import LLMEngine
 
         try:
             s = self.settings
+            disaggregated = s.role != "both" or bool(s.prefill_peers)
+            if disaggregated:
+                check_disaggregation(s.engine)
             llm_engine = LLMEngine(s.engine)
             metrics = EngineMetrics(s.model_name, llm_engine.max_model_len)
             metrics.publish_ranks(llm_engine.rank_memory)
-            engine = AsyncEngine(llm_engine, metrics, max_waiting=s.max_waiting, retry_after=s.retry_after_seconds)
+            if s.prefill_peers:
+                self.remote = self._remote_prefill(llm_engine, metrics)
+            engine = AsyncEngine(llm_engine, metrics, max_waiting=s.max_waiting, retry_after=s.retry_after_seconds,
+                                 remote=self.remote)
+            if s.role == "prefill":
+                transport = make_transport(s.kv_transport, "prefill", llm_engine.kv_pool, s.engine.block_size)
+                self.prefill_side = PrefillSide(engine, transport, llm_engine.kv_fingerprint(), s.kv_lease_seconds)
             if s.knobs_file:
                 self.watcher = KnobsFileWatcher(
                     s.knobs_file, llm_engine.knobs, poll_interval=s.knobs_poll_interval,
@@ -143,6 +160,40 @@ class ServerState:
             self.load_error = f"{type(e).__name__}: {e}"
             if self.settings.exit_on_load_failure and self.on_fatal is not None:
                 self.on_fatal()
+        finally:
+            self.loaded.set()
+
+    def _remote_prefill(self, llm_engine, metrics):
+        import httpx
+
+        s = self.settings
+        fp = llm_engine.kv_fingerprint()
+        # this pod's own key for the prefill pods' /kv/load, /kv/agent and /kv/release (all pods share the keys)
+        headers = {"Authorization": f"Bearer {s.api_keys[0]}"} if s.api_keys else {}
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
+        peers = PrefillPeers(s.prefill_peers, client, fingerprint=fp, max_waiting=s.prefill_max_waiting,
+                             headers=headers, on_refresh=metrics.prefill_peers_ready.set)
+        transport = make_transport(s.kv_transport, "decode", llm_engine.kv_pool, s.engine.block_size)
+        return RemotePrefill(llm_engine, transport, peers, client, threshold=s.disagg_threshold, fingerprint=fp,
+                             headers=headers)
+
+    async def run_disaggregation(self) -> None:
+        """After the model loaded: poll the prefill pods (decode side), sweep expired leases (prefill side)."""
+        await asyncio.get_running_loop().run_in_executor(None, self.loaded.wait)
+        tasks = []
+        if self.remote is not None:
+            self.remote.peers.start()
+        if self.prefill_side is not None:
+            tasks.append(asyncio.ensure_future(self.prefill_side.sweep()))
+        try:
+            await asyncio.Event().wait()  # until cancelled at shutdown
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.remote is not None:
+                await self.remote.peers.stop()
+                await self.remote.client.aclose()
 
     def knob_holder(self):
         return self.engine.knobs if self.engine is not None else None
@@ -187,12 +238,18 @@ def build_app(settings: ServerSettings) -> FastAPI:
     async def lifespan(app: FastAPI):
         loader = threading.Thread(target=state.load, name="model-loader", daemon=True)
         loader.start()
+        disaggregation = asyncio.ensure_future(state.run_disaggregation())
         yield
+        disaggregation.cancel()
+        await asyncio.gather(disaggregation, return_exceptions=True)
         # uvicorn has stopped accepting and waited for open connections (its graceful timeout); whatever is
         # still in flight now is aborted.
         if state.engine is not None:
             await state.engine.drain(0)
             state.engine.stop()
+        for closing in (state.remote, state.prefill_side and state.prefill_side.transport):
+            if closing is not None:
+                closing.close()
         if state.watcher is not None:
             state.watcher.stop()
 
@@ -237,6 +294,8 @@ def build_app(settings: ServerSettings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, limit=state.max_request_bytes)
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
+
+    add_kv_routes(app, lambda: state.prefill_side, _salt)
 
     # ---- probes and metrics -----------------------------------------------------------------------------
     @app.get("/health")
@@ -306,6 +365,17 @@ def build_app(settings: ServerSettings) -> FastAPI:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------
+def check_disaggregation(config: EngineConfig) -> None:
+    """What disaggregation cannot do yet, said before the model loads."""
+    if config.tensor_parallel_size > 1:
+        raise ValueError("disaggregation (--role prefill/decode, --prefill-peers) needs --tensor-parallel-size 1 "
+                         "for now: a prefill pod's blocks are split across its ranks")
+    spec = config.speculative_config
+    if spec is not None and spec.method == "draft_model":
+        raise ValueError("disaggregation does not work with a draft model yet (its own KV cache would need the "
+                         "prompt too): use the ngram method or no speculative decoding")
+
+
 def _check(state: ServerState, model: str) -> AsyncEngine:
     engine = state.ready_engine()
     if model != state.settings.model_name:

@@ -1,0 +1,115 @@
+"""The prefill role's endpoints, which decode pods call (kv_transfer/decode_side.py):
+
+* POST /kv/prefill: compute a prompt, sample its first token, hold its blocks under a lease; answers a KVOffer;
+* POST /kv/release: the decode pod is done with a transfer; answers whether the lease still held;
+* GET /kv/agent: the transport's metadata (a NIXL agent's), fetched once per prefill process;
+* GET /kv/load: how many requests wait and run here, for the decode pods' choice.
+
+Under API keys they are guarded like /v1/* (auth.py): the prefill call carries the client's key, so the prompt is
+salted for the same tenant as on the decode pod."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
+from chunkpilot.engine.execution.kv_blocks import block_checksums
+from chunkpilot.engine.kv_transfer.leases import LeaseTable
+from chunkpilot.engine.kv_transfer.transport import KVTransport
+from chunkpilot.engine.kv_transfer.wire import KVOffer, PeerLoad, PrefillRequest, Release, ReleaseReply
+from chunkpilot.engine.serving.api_error import ApiError, bad_request, unavailable
+
+SWEEP_SECONDS = 0.25  # how late an expired lease may be given back
+
+
+@dataclasses.dataclass
+class PrefillSide:
+    """What the prefill role keeps beside its engine."""
+
+    engine: AsyncEngine
+    transport: KVTransport
+    fingerprint: str
+    lease_seconds: float
+    leases: LeaseTable = dataclasses.field(default_factory=LeaseTable)
+
+    async def sweep(self) -> None:
+        """Give back the blocks of expired leases (a decode pod that died releases nothing), forever."""
+        while True:
+            for blocks in self.leases.expire():
+                self.engine.release_held(blocks)
+            self.engine.metrics.kv_leases_held.set(len(self.leases))
+            await asyncio.sleep(SWEEP_SECONDS)
+
+
+def add_kv_routes(app: FastAPI, side, salt_of) -> None:
+    """`side()`: the PrefillSide once the model loaded (None before, and on engines of another role);
+    `salt_of(request, body)`: the server's prefix-cache salt of a request."""
+
+    def ready() -> PrefillSide:
+        s = side()
+        if s is None:
+            raise unavailable("this engine serves no prefill role (or is still loading): /kv/* is served by "
+                              "engines started with --role prefill")
+        return s
+
+    @app.get("/kv/load")
+    async def load() -> PeerLoad:
+        s = ready()
+        return PeerLoad(num_waiting=s.engine.num_waiting, num_running=s.engine.num_running, agent=s.transport.name,
+                        fingerprint=s.fingerprint)
+
+    @app.get("/kv/agent")
+    async def agent():
+        return Response(ready().transport.metadata(), media_type="application/octet-stream")
+
+    @app.post("/kv/prefill")
+    async def prefill(body: PrefillRequest, request: Request) -> KVOffer:
+        s = ready()
+        if body.fingerprint != s.fingerprint:
+            raise ApiError(409, f"this prefill pod's KV layout is {s.fingerprint}, the caller's {body.fingerprint}: "
+                                "prefill and decode pods must run the same model, dtype, quantization and block size",
+                           "invalid_request_error", code="kv_layout_mismatch")
+        # one token, whatever ends it on the decode pod: that pod judges stops and lengths itself
+        params = dataclasses.replace(body.params, max_tokens=1, stop=[], stop_token_ids=[], ignore_eos=True)
+        started = asyncio.get_running_loop().time()
+        last = None
+        try:
+            async for out in s.engine.generate(f"prefill-{uuid.uuid4().hex}", body.token_ids, params,
+                                               cache_salt=salt_of(request, body), hold_kv=True):
+                last = out
+        except ValueError as e:
+            raise bad_request(str(e), "token_ids") from None
+        except QueueFullError as e:
+            raise ApiError(429, f"prefill pod overloaded: {e}", "rate_limit_error", code="engine_overloaded") from None
+        except EngineUnavailableError as e:
+            raise unavailable(str(e)) from None
+        if last is None or not last.held_blocks or not last.new_token_ids:
+            if last is not None and last.held_blocks:
+                s.engine.release_held(last.held_blocks)
+            raise unavailable("the prefill was aborted (the engine is shutting down)")
+        # no await between the last output and the lease: a cancelled request cannot leave blocks held by nobody
+        transfer_id = s.leases.grant(last.held_blocks, s.lease_seconds)
+        pool, bs = s.engine.kv_pool, s.transport.block_size
+        sums = await asyncio.get_running_loop().run_in_executor(None, block_checksums, pool, bs, last.held_blocks)
+        s.engine.metrics.remote_prefills_served.inc()
+        s.engine.metrics.kv_leases_held.set(len(s.leases))
+        lp = last.new_logprobs[0] if last.new_logprobs else None
+        return KVOffer(transfer_id=transfer_id, agent=s.transport.name, fingerprint=s.fingerprint,
+                       layout=s.transport.layout, block_size=bs, blocks=last.held_blocks, checksums=sums,
+                       first_token=last.new_token_ids[0], logprob=(lp.logprob, lp.top) if lp else None,
+                       lease_seconds=s.lease_seconds,
+                       prefill_seconds=asyncio.get_running_loop().time() - started)
+
+    @app.post("/kv/release")
+    async def release(body: Release) -> ReleaseReply:
+        s = ready()
+        blocks = s.leases.settle(body.transfer_id)
+        if blocks is not None:
+            s.engine.release_held(blocks)
+        s.engine.metrics.kv_leases_held.set(len(s.leases))
+        return ReleaseReply(held=blocks is not None)

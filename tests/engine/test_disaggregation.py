@@ -1,0 +1,184 @@
+"""Prefill/decode disaggregation in one process (disagg_harness.py): the output equals colocated output token for
+token, and every fault (a corrupted block, a read that dies half way, a stale or expired lease, an unreachable prefill
+pod, another KV layout) ends in a correct answer, a counted reason, and both pools back at their free-block
+baseline. The same with real processes and NIXL: test_disaggregation_servers.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from chunkpilot.engine.core.sampling_params import SamplingParams
+from chunkpilot.engine.kv_transfer.transport import InProcessTransport, TransferError
+from chunkpilot.engine.metrics import KV_FALLBACKS, KV_TRANSFERS, REMOTE_PREFILLS_SERVED, TTFT_PHASE
+from tests.engine.disagg_harness import Pair
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
+SEEDED = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, seed=7)
+
+
+def prompt(n: int, salt: int) -> list[int]:
+    """n token ids, different per salt (no two prompts share a block by chance)."""
+    return [(salt * 7919 + i * 104729) % 40000 + 100 for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def pair(smollm2_dir):
+    p = Pair(smollm2_dir)
+    yield p
+    p.close()
+
+
+def colocated(pair, prompts, params):
+    """The reference: the decode engine alone (threshold past every prompt: nothing goes remote)."""
+    async def body(rig):
+        return await asyncio.gather(*(rig.generate(p, params) for p in prompts))
+    return pair.run(body, threshold=10**9)
+
+
+def fallback_count(rig, reason: str) -> float:
+    return rig.metric("decode", KV_FALLBACKS.removesuffix("_total") + "_total", reason=reason)
+
+
+def test_greedy_and_seeded_outputs_equal_colocated_in_a_continuous_batch(pair):
+    """Long prompts go remote, short ones stay; one long prompt shares its first blocks with another, so the
+    decode pod pulls only the blocks its own cache lacks. All run at once, greedy and seeded sampling."""
+    shared = prompt(64, 1)
+    prompts = [prompt(100, 2), prompt(8, 3), shared + prompt(50, 4), prompt(37, 5), prompt(12, 6)]
+    for params in (GREEDY, SEEDED):
+        want = colocated(pair, [shared] + prompts, params)
+        base = pair.free_blocks()
+
+        async def body(rig):
+            first = await rig.generate(shared, params)  # now in the decode pod's prefix cache
+            got = await asyncio.gather(*(rig.generate(p, params) for p in prompts))
+            await rig.settle()
+            return [first] + got, rig
+
+        got, rig = pair.run(body)
+        assert got == want
+        assert rig.metric("decode", KV_TRANSFERS, outcome="ok") == 4  # shared, 100, 64+50 and 37 tokens
+        assert rig.metric("prefill", REMOTE_PREFILLS_SERVED) == 4
+        assert rig.metric("decode", TTFT_PHASE + "_count", phase="transfer") == 4
+        assert rig.metric("decode", TTFT_PHASE + "_count", phase="first_decode") == 4
+        assert pair.free_blocks() == base
+
+
+def test_a_first_token_that_ends_the_request_needs_no_transfer(pair):
+    want = colocated(pair, [prompt(80, 9)], SamplingParams(max_tokens=1, temperature=0.0))
+
+    async def body(rig):
+        got = await rig.generate(prompt(80, 9), SamplingParams(max_tokens=1, temperature=0.0))
+        await rig.settle()
+        return got, rig
+
+    got, rig = pair.run(body)
+    assert [got] == want and got[1] == "length"
+    assert rig.metric("decode", KV_TRANSFERS, outcome="ok") == 0
+    assert not len(rig.side.leases)
+
+
+class Corrupting(InProcessTransport):
+    def read(self, *args, **kw):
+        n = super().read(*args, **kw)
+        block = args[4][0]  # the first local block
+        self.pool[0, 0, block * 16] += 1.0
+        return n
+
+
+class DiesHalfWay(InProcessTransport):
+    def read(self, agent, fetch, remote, remote_blocks, local_blocks, timeout):
+        half = len(local_blocks) // 2
+        super().read(agent, fetch, remote, remote_blocks[:half], local_blocks[:half], timeout)
+        raise TransferError("the prefill pod's connection reset")
+
+
+class StaleId(InProcessTransport):
+    """The prefill pod forgets the transfer id before the read (as after a restart): its blocks are given back and
+    overwritten, and the release says the lease did not hold."""
+
+    def read(self, *args, **kw):
+        side = self.rig.side
+
+        async def forget():  # on the event loop, which owns the lease table
+            for tid in list(side.leases._leases):
+                side.engine.release_held(side.leases.settle(tid))
+            await asyncio.sleep(0.2)  # the prefill step loop gives them back
+        asyncio.run_coroutine_threadsafe(forget(), self.rig.loop).result()
+        return super().read(*args, **kw)
+
+
+class Slow(InProcessTransport):
+    def read(self, *args, **kw):
+        import time
+        time.sleep(0.6)  # past the 0.2 s lease: the sweep gives the blocks back meanwhile
+        return super().read(*args, **kw)
+
+
+@pytest.mark.parametrize("transport, reason, kw", [
+    (Corrupting, "checksum", {}),
+    (DiesHalfWay, "transfer", {}),
+    (StaleId, "lease", {}),
+    (Slow, "lease", {"lease_seconds": 0.2}),
+])
+def test_a_failed_transfer_prefills_locally_with_a_correct_answer_and_loses_no_block(pair, transport, reason, kw):
+    prompts = [prompt(90, 11), prompt(70, 12)]
+    want = colocated(pair, prompts, GREEDY)
+    base = pair.free_blocks()
+
+    async def body(rig):
+        got = await asyncio.gather(*(rig.generate(p, GREEDY) for p in prompts))
+        await rig.settle()
+        # nothing unverified entered the decode pod's prefix cache: the same prompts again, prefilled here from
+        # what its cache holds now, give the same answers
+        rig.remote.threshold = 10**9
+        again = await asyncio.gather(*(rig.generate(p, GREEDY) for p in prompts))
+        await rig.settle()
+        return got, again, rig
+
+    got, again, rig = pair.run(body, transport_cls=transport, **kw)
+    assert got == want and again == want
+    assert fallback_count(rig, reason) == 2
+    assert rig.metric("decode", KV_TRANSFERS, outcome="ok") == 0
+    assert pair.free_blocks() == base
+
+
+@pytest.mark.parametrize("breakage, reason", [("no_role", "unreachable"), ("layout", "fingerprint")])
+def test_an_unusable_prefill_pod_means_local_prefill(pair, breakage, reason):
+    want = colocated(pair, [prompt(60, 13)], GREEDY)
+    base = pair.free_blocks()
+
+    async def body(rig):
+        if breakage == "no_role":
+            rig.side = None
+        else:
+            rig.side.fingerprint = "another-model"
+        got = await rig.generate(prompt(60, 13), GREEDY)
+        rig.side = rig.side or _placeholder(rig)
+        await rig.settle()
+        return got, rig
+
+    got, rig = pair.run(body)
+    assert [got] == want
+    assert fallback_count(rig, reason) == 1
+    assert pair.free_blocks() == base
+
+
+def _placeholder(rig):
+    from chunkpilot.engine.kv_transfer.leases import LeaseTable
+
+    class Side:  # what close() and settle() read of a prefill side
+        leases = LeaseTable()
+    return Side()
+
+
+def test_checksums_see_every_byte_of_a_block():
+    from chunkpilot.engine.execution.kv_blocks import block_checksums
+
+    pool = torch.zeros(2, 2, 64, 1, 4)
+    before = block_checksums(pool, 16, [0, 1, 2, 3])
+    pool[1, 1, 31, 0, 3] = 1e-30  # the last value of block 1's last layer's V
+    after = block_checksums(pool, 16, [0, 1, 2, 3])
+    assert [a == b for a, b in zip(before, after)] == [True, False, True, True]
