@@ -92,6 +92,8 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
         try:
             k.create(sample("a", ns))  # replicas 2: PDB; serviceMonitor: true; tuning auto
             k.create(sample("b", ns, model__source="pvc://models/smollm2"))  # reads the PVC (missing: Degraded)
+            # disaggregated, switched off below: the role Deployments and the prefill Service are deleted
+            k.create(sample("e", ns, replicas=1, tuning={"mode": "off"}, disaggregation={"mode": "on"}))
             # autoscaling auto below its minReplicas: the tuner lists HPAs, then scales through /scale
             k.create(sample("d", ns, replicas=1, autoscaling={"mode": "auto", "minReplicas": 2, "maxReplicas": 2}))
             sm = ("monitoring.coreos.com", "v1", ns, "servicemonitors", "a")
@@ -102,6 +104,12 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
                     return None
             assert eventually(lambda: monitor() is not None and k.children_exist(ns, "a")), op.log()
             assert eventually(lambda: k.cond(ns, "b", "Degraded").get("reason") == "MissingVolume")
+            assert eventually(lambda: k.get("services", ns, "e-prefill") is not None
+                              and k.get("deployments", ns, "e-decode") is not None), op.log()
+            k.patch("e", {"spec": {"disaggregation": {"mode": "off"}}}, ns)
+            assert eventually(lambda: k.get("services", ns, "e-prefill") is None
+                              and k.get("deployments", ns, "e-decode") is None
+                              and k.get("deployments", ns, "e") is not None), op.log()
             assert eventually(lambda: k.get("inferencedeployments", ns, "d")["spec"]["replicas"] == 2, 60), tu.log()
             # Someone edits what the operator owns: the next pass puts it back (a patch of each kind).
             svc = k.get("services", ns, "a")["spec"]["ports"][0]
@@ -157,6 +165,7 @@ def test_a_verb_missing_from_the_role_shows_as_a_403_in_status(control_plane, ch
     for rule in limited["rules"]:
         if "services" in rule["resources"]:
             rule["resources"].remove("services")
+    limited["rules"] = [r for r in limited["rules"] if r["resources"]]  # the API server refuses a rule of none
     limited["rules"].append({"apiGroups": [""], "resources": ["services"], "verbs": ["get", "patch"]})
     rbac = kubernetes.client.RbacAuthorizationV1Api(k.api)
     rbac.create_cluster_role(limited)

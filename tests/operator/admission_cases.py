@@ -1,7 +1,8 @@
-"""One table of InferenceDeployment specs, judged by both sides that check them: the operator
-(builders.validate, tests/operator/test_crd_and_builders.py) and the chart's ValidatingAdmissionPolicy on the real
-API server (tests/chart/test_admission_policy.py). Each row says whether the spec is admitted; both sides must
-say the same, so an admitted spec is never refused later (Degraded) and a refused one never reaches the operator.
+"""One table of InferenceDeployment specs, judged by both sides that check them: the operator (its parse of the
+types and builders.validate, tests/operator/test_crd_and_builders.py) and the real API server
+(tests/chart/test_admission_policy.py), where the CRD's own schema and CEL rules and the chart's
+ValidatingAdmissionPolicy judge it. Each row says whether the spec is admitted; both sides must say the same, so an
+admitted spec is never refused later (Degraded) and a refused one never reaches the operator.
 
 The policy both sides run with: the chart values in HELM_SETS, the operator settings in settings().
 """
@@ -37,6 +38,10 @@ def _source(path: str) -> dict:
 
 def _draft(path: str) -> dict:
     return {"engine__speculative": {"method": "draft_model", "draftModel": "hostpath://" + path}}
+
+
+def _disagg(mode: str, **roles: dict) -> dict:
+    return {"disaggregation": {"mode": mode, **roles}}
 
 
 # (case, spec overrides for operator_proc.sample, admitted)
@@ -94,4 +99,21 @@ CASES = [
                                                  "effect": "NoSchedule"}]}, True),
     ("toleration-keyless", {"engine__tolerations": [{"operator": "Exists"}]}, False),
     ("toleration-empty-key", {"engine__tolerations": [{"key": "", "operator": "Exists"}]}, False),
+    # prefill/decode disaggregation (the CRD's CEL rules, api.types): what the engine cannot disaggregate yet
+    ("disagg-on", _disagg("on"), True),
+    ("disagg-auto-split", _disagg("auto", prefill={"replicas": 2, "knobs": {"tokenBudget": 2048, "maxChunk": 1024}},
+                                  decode={"replicas": 3}), True),
+    ("disagg-off-no-pods", _disagg("off", prefill={"replicas": 0}), True),
+    ("disagg-on-no-prefill", _disagg("on", prefill={"replicas": 0}), False),
+    ("disagg-on-no-decode", _disagg("on", decode={"replicas": 0}), False),
+    ("disagg-on-tp2", {**_disagg("on"), "engine__resources": {"gpus": 2}, "engine__tensorParallelSize": 2}, False),
+    ("disagg-on-gpus4", {**_disagg("on"), "engine__resources": {"gpus": 4}}, False),
+    ("disagg-on-tp1-gpus2", {**_disagg("on"), "engine__resources": {"gpus": 2}, "engine__tensorParallelSize": 1},
+     True),
+    ("disagg-on-draft", {**_disagg("on"), **_draft("/mnt/models/draft")}, False),
+    ("disagg-on-ngram", {**_disagg("on"), "engine__speculative": {"method": "ngram"}}, True),
+    ("disagg-on-autoscaling", {**_disagg("on"), "tuning__mode": "auto",
+                               "autoscaling": {"mode": "recommend", "minReplicas": 1, "maxReplicas": 2}}, False),
+    ("disagg-transport", {"disaggregation": {"mode": "on", "transport": "tcp"}}, False),
+    ("disagg-lease-zero", {"disaggregation": {"mode": "on", "leaseSeconds": 0}}, False),
 ]

@@ -240,14 +240,14 @@ def test_acknowledgements_are_verified_again_after_a_while():
     r = Reconciler(Kube(), b.OperatorSettings(admin_token_key="k"), lambda *a: None, pusher=Pusher(),
                    verify_seconds=300, clock=lambda: clock[0])
     deploy = {"metadata": {"uid": "deploy-1"}}
-    status, *_ = r._deliver_knobs(obj, deploy)
+    status, *_ = r._deliver_knobs(obj, {None: deploy})
     assert pushed == ["a"] and status.applied_replicas == 1
     desired = status.pods[0].scheduler_knobs
     obj.status.knobs = status  # what the pass wrote
     clock[0] = 100
-    r._deliver_knobs(obj, deploy)
+    r._deliver_knobs(obj, {None: deploy})
     assert pushed == ["a"]  # trusted while fresh
     clock[0] = 300
-    status, *_ = r._deliver_knobs(obj, deploy)
+    status, *_ = r._deliver_knobs(obj, {None: deploy})
     assert pushed == ["a", "a"] and status.pods[0].scheduler_knobs == desired  # asked again
-    assert r._deliver_knobs(obj, {"metadata": {"uid": "someone-else"}})[0].pods == []  # not our pods: no push
+    assert r._deliver_knobs(obj, {None: {"metadata": {"uid": "someone-else"}}})[0].pods == []  # not our pods: no push

@@ -401,3 +401,86 @@ def test_a_deleted_token_secret_is_back_at_the_next_pass(cluster):
     assert eventually(lambda: k.get("secrets", NS, "lambda-knobs-token") is not None), op.log()
     secret = k.get("secrets", NS, "lambda-knobs-token")
     assert secret["data"]["token"] and secret["metadata"]["ownerReferences"][0]["name"] == "lambda"
+
+
+def printed_columns(k: Cluster, name: str) -> dict[str, object]:
+    """What `kubectl get infd NAME` prints: the API server's Table of the resource (its printer columns)."""
+    resp = k.custom.get_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", name,
+                                                 _preload_content=False,
+                                                 _headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
+    table = json.loads(resp.data)
+    return dict(zip([c["name"] for c in table["columnDefinitions"]], table["rows"][0]["cells"]))
+
+
+def test_disaggregation_is_admitted_with_its_defaults_and_refused_with_what_to_change(cluster):
+    """The CRD's schema defaults and CEL rules on the real API server (the table of specs goes through it too:
+    tests/chart/test_admission_policy.py)."""
+    from chunkpilot.api.types import DISAGG_DRAFT_RULE_MESSAGE, DISAGG_REPLICAS_RULE_MESSAGE, DISAGG_TP_RULE_MESSAGE
+
+    cp, k, op = cluster
+    made = k.create(sample("sigma", NS, disaggregation={"mode": "on"}))
+    assert made["spec"]["disaggregation"] == {"mode": "on", "threshold": 256, "transport": "nixl",
+                                              "leaseSeconds": 10, "prefill": {"replicas": 1},
+                                              "decode": {"replicas": 1}}
+    assert "disaggregation" not in k.create(sample("tau", NS))["spec"]  # absent stays absent: off
+    for c in ("sigma", "tau"):
+        k.custom.delete_namespaced_custom_object("chunkpilot.io", "v1alpha1", NS, "inferencedeployments", c)
+    for i, (override, words) in enumerate([
+            ({"engine__resources": {"gpus": 2}, "engine__tensorParallelSize": 2}, DISAGG_TP_RULE_MESSAGE),
+            ({"engine__speculative": {"method": "draft_model", "draftModel": "pvc://drafts/small"}},
+             DISAGG_DRAFT_RULE_MESSAGE),
+            ({"disaggregation": {"mode": "on", "decode": {"replicas": 0}}}, DISAGG_REPLICAS_RULE_MESSAGE),
+            # a bare `mode: on` in YAML, as kubectl (YAML 1.1) reads it
+            ({"disaggregation": {"mode": True}}, "spec.disaggregation.mode")]):
+        body = sample(f"upsilon-{i}", NS, **{"disaggregation": {"mode": "on"}, **override})
+        with pytest.raises(ApiException) as bad:
+            k.create(body)
+        assert bad.value.status == 422 and words in message(bad.value), message(bad.value)
+
+
+def test_disaggregation_switched_on_and_off_leaves_no_orphans(cluster):
+    """off -> on: a Deployment per role, the prefill pods' headless Service, the client Service on the decode pods,
+    and today's Deployment gone; the status counts each role (printer columns Prefill and Decode); on -> off:
+    today's objects back and the roles' gone. The real Deployment and ReplicaSet controllers make the pods and the
+    garbage collector removes the pods of a deleted Deployment."""
+    cp, k, op = cluster
+    k.create(sample("phi", NS))
+    assert eventually(lambda: k.children_exist(NS, "phi"))
+    k.patch("phi", {"spec": {"disaggregation": {"mode": "on", "prefill": {"replicas": 1},
+                                                "decode": {"replicas": 2}}}}, NS)
+    assert eventually(lambda: k.get("deployments", NS, "phi") is None
+                      and k.get("poddisruptionbudgets", NS, "phi") is None  # pruned last
+                      and k.get("deployments", NS, "phi-prefill") is not None
+                      and k.get("deployments", NS, "phi-decode") is not None), op.log()
+    headless = k.get("services", NS, "phi-prefill")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"]["chunkpilot.io/role"] == "prefill"
+    assert k.get("services", NS, "phi")["spec"]["selector"]["chunkpilot.io/role"] == "decode"
+    assert k.get("poddisruptionbudgets", NS, "phi-decode") is not None  # 2 decode pods; 1 prefill pod: none
+    decode = k.get("deployments", NS, "phi-decode")["spec"]["template"]
+    env = {e["name"]: e.get("value") for e in decode["spec"]["containers"][0]["env"]}
+    assert env["CHUNKPILOT_PREFILL_PEERS"] == f"phi-prefill.{NS}.svc:8000" and env["UCX_TLS"] == "tcp,self"
+    assert decode["metadata"]["labels"]["llm-d.ai/role"] == "decode"
+    assert eventually(lambda: play_kubelet(k, NS, "phi") == 3 and k.get("deployments", NS, "phi") is None)
+
+    def counted() -> bool:
+        d = k.status(NS, "phi").get("disaggregation") or {}
+        return (d.get("prefill", {}).get("readyReplicas"), d.get("decode", {}).get("readyReplicas")) == (1, 2)
+    assert eventually(counted, 60), k.status(NS, "phi")
+    assert eventually(lambda: k.cond(NS, "phi", "Ready").get("status") == "True"), k.status(NS, "phi")
+    assert k.status(NS, "phi")["readyReplicas"] == 3
+    columns = printed_columns(k, "phi")
+    assert (columns["Prefill"], columns["Decode"], columns["Ready"]) == (1, 2, 3)
+
+    k.patch("phi", {"spec": {"disaggregation": {"mode": "off"}}}, NS)
+    assert eventually(lambda: k.get("deployments", NS, "phi") is not None
+                      and k.get("deployments", NS, "phi-prefill") is None
+                      and k.get("deployments", NS, "phi-decode") is None
+                      and k.get("services", NS, "phi-prefill") is None
+                      and k.get("poddisruptionbudgets", NS, "phi-decode") is None), op.log()
+    assert "chunkpilot.io/role" not in k.get("services", NS, "phi")["spec"]["selector"]
+    assert eventually(lambda: "disaggregation" not in k.status(NS, "phi"))
+    # the garbage collector takes the role pods with their Deployments: only today's pods are left
+    assert eventually(lambda: {p.metadata.labels.get("chunkpilot.io/role") for p in k.core.list_namespaced_pod(
+        NS, label_selector="app.kubernetes.io/instance=phi").items} == {None}, 60)
+    assert printed_columns(k, "phi")["Prefill"] is None

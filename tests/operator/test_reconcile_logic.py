@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 
 import pytest
+import yaml
 from pydantic import ValidationError
+
+from chunkpilot.api import types as t
 
 from chunkpilot.api.types import (Condition, InferenceDeploymentSpec, KnobsStatus, SchedulerStatus,
                                   desired_knobs)
@@ -126,3 +129,241 @@ def test_spec_errors_name_the_field_in_the_crd_spelling():
     with pytest.raises(ValidationError) as err:
         InferenceDeploymentSpec.model_validate({"model": {"source": "hostpath:///m"}, "engine": {"maxNumSeqs": 0}})
     assert "spec.engine.maxNumSeqs" in spec_error_message(err.value) and "(got 0)" in spec_error_message(err.value)
+
+
+# ---- disaggregation switched on and off (spec.disaggregation) -------------------------------------------------
+class MemoryKube:
+    """The API calls a pass makes, on objects kept in memory: enough to see what a pass creates, applies and
+    deletes (tests/operator/test_operator_apiserver.py runs the same switch against a real API server)."""
+
+    def __init__(self, resource: dict) -> None:
+        self.resource = resource
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.pods: list[dict] = []
+        self.replica_sets: list[dict] = []
+        self.deleted: list[str] = []
+        self._uid = 0
+
+    def _key(self, obj: dict) -> tuple[str, str, str]:
+        return obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
+
+    def read(self, api_version, kind, namespace, name):
+        return copy.deepcopy(self.objects.get((kind, namespace, name)))
+
+    def create(self, obj):
+        self._uid += 1
+        made = copy.deepcopy(obj)
+        made["metadata"]["uid"] = f"{obj['kind'].lower()}-{self._uid}"
+        self.objects[self._key(obj)] = made
+        return copy.deepcopy(made)
+
+    def apply(self, obj, force=True):
+        live = self.objects.get(self._key(obj))
+        if live is None:
+            return self.create(obj)
+        applied = copy.deepcopy(obj)
+        applied["metadata"]["uid"] = live["metadata"]["uid"]
+        self.objects[self._key(obj)] = applied
+        return copy.deepcopy(applied)
+
+    def delete(self, api_version, kind, namespace, name):
+        self.deleted.append(f"{kind} {name}")
+        self.objects.pop((kind, namespace, name), None)
+
+    def patch_status(self, namespace, name, patch, resource_version=None):
+        status = self.resource.setdefault("status", {})
+        for k, v in patch.items():
+            if v is None:
+                status.pop(k, None)
+            else:
+                status[k] = v
+        return self.resource
+
+    def read_inference_deployment(self, namespace, name):
+        return copy.deepcopy(self.resource)
+
+    def list_pods(self, namespace, selector):
+        return [p for p in self.pods if p["metadata"]["labels"].items() >= selector.items()]
+
+    def list_replica_sets(self, namespace, selector):
+        return list(self.replica_sets)
+
+    def list_events(self, namespace, field_selector):
+        return []
+
+    def list_autoscalers(self, namespace):
+        return []
+
+    def crd_exists(self, name):
+        return True
+
+    def run_pods(self) -> None:
+        """Play the Deployment and ReplicaSet controllers and the kubelet: every Deployment's pods, ready."""
+        self.pods, self.replica_sets = [], []
+        for (kind, ns, name), d in self.objects.items():
+            if kind != "Deployment":
+                continue
+            rs = {"metadata": {"uid": f"rs-{name}", "ownerReferences": [{"uid": d["metadata"]["uid"],
+                                                                          "controller": True}]}}
+            self.replica_sets.append(rs)
+            n = d["spec"]["replicas"]
+            d["status"] = {"observedGeneration": 0, "replicas": n, "updatedReplicas": n, "readyReplicas": n}
+            for i in range(n):
+                self.pods.append({
+                    "metadata": {"name": f"{name}-{i}", "labels": d["spec"]["template"]["metadata"]["labels"],
+                                 "ownerReferences": [{"uid": f"rs-{name}", "controller": True}]},
+                    "status": {"podIP": f"10.0.{len(self.pods)}.1", "conditions": [{"type": "Ready",
+                                                                                   "status": "True"}]}})
+
+
+def _resource(disaggregation: dict | None, generation: int = 1) -> dict:
+    raw = yaml.safe_load(SMOL.read_text())
+    raw["metadata"] |= {"namespace": "ml", "uid": "res-1", "generation": generation, "resourceVersion": "1"}
+    if disaggregation is not None:
+        raw["spec"]["disaggregation"] = disaggregation
+    return raw
+
+
+def _switch(kube: MemoryKube, disaggregation: dict | None) -> None:
+    kube.resource["spec"].pop("disaggregation", None)
+    if disaggregation is not None:
+        kube.resource["spec"]["disaggregation"] = disaggregation
+    kube.resource["metadata"]["generation"] += 1
+
+
+def _reconciler(kube: MemoryKube, pushed: list[tuple[str, SchedulerKnobs]]):
+    from chunkpilot.operator.knobs_delivery import one_by_one
+    from chunkpilot.operator.reconciler import Reconciler
+
+    class Pusher:
+        def for_token(self, token):
+            return one_by_one(lambda pod, knobs: pushed.append((pod.name, knobs)) or knobs)
+    settings = builders.OperatorSettings(admin_token_key="k")
+    return Reconciler(kube, settings, lambda *a: None, pusher=Pusher())
+
+
+def _children(kube: MemoryKube) -> set[str]:
+    return {f"{kind} {name}" for kind, _, name in kube.objects}
+
+
+ON_SPLIT = {"mode": "on", "prefill": {"replicas": 2, "knobs": {"tokenBudget": 1024, "maxChunk": 512}},
+            "decode": {"replicas": 2}}
+
+
+def test_switching_disaggregation_on_and_off_leaves_exactly_the_objects_of_the_mode():
+    kube = MemoryKube(_resource(None))
+    pushed: list[tuple[str, SchedulerKnobs]] = []
+    r = _reconciler(kube, pushed)
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    today = {"ConfigMap smollm2-knobs", "Secret smollm2-knobs-token", "Deployment smollm2", "Service smollm2",
+             "PodDisruptionBudget smollm2", "NetworkPolicy smollm2", "ServiceMonitor smollm2"}
+    assert _children(kube) == today
+    kube.run_pods()
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert "disaggregation" not in kube.resource["status"] and kube.resource["status"]["readyReplicas"] == 2
+
+    # on: the role Deployments and the prefill Service come, today's Deployment and PDB go
+    _switch(kube, ON_SPLIT)
+    out = r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    disaggregated = {"ConfigMap smollm2-knobs", "Secret smollm2-knobs-token", "Deployment smollm2-prefill",
+                     "Deployment smollm2-decode", "Service smollm2", "Service smollm2-prefill",
+                     "PodDisruptionBudget smollm2-prefill", "PodDisruptionBudget smollm2-decode",
+                     "NetworkPolicy smollm2", "ServiceMonitor smollm2"}
+    assert _children(kube) == disaggregated, out.changes
+    assert sorted(kube.deleted) == ["Deployment smollm2", "PodDisruptionBudget smollm2"]
+    # created before the old ones were deleted: the new pods start while the old still run
+    assert out.changes.index("create Deployment smollm2-decode") < out.changes.index("delete Deployment smollm2")
+    assert kube.objects[("Service", "ml", "smollm2")]["spec"]["selector"]["chunkpilot.io/role"] == "decode"
+    assert "disaggregation" in kube.resource["status"]
+
+    # the pods of each role are pushed their role's knobs; the status counts each role
+    kube.run_pods()
+    pushed.clear()
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    generation = kube.resource["metadata"]["generation"]
+    assert sorted(pushed) == [("smollm2-decode-0", SchedulerKnobs(128, 64, generation)),
+                              ("smollm2-decode-1", SchedulerKnobs(128, 64, generation)),
+                              ("smollm2-prefill-0", SchedulerKnobs(1024, 512, generation)),
+                              ("smollm2-prefill-1", SchedulerKnobs(1024, 512, generation))]
+    status = t.InferenceDeploymentStatus.model_validate(kube.resource["status"])
+    assert (status.replicas, status.ready_replicas) == (4, 4)
+    d = status.disaggregation
+    assert (d.prefill.ready_replicas, d.decode.ready_replicas) == (2, 2)
+    assert (d.prefill.knobs.knobs, d.prefill.applied_replicas) == (t.Knobs(1024, 512), 2)
+    assert (d.decode.knobs.knobs, d.decode.applied_replicas) == (t.Knobs(128, 64), 2)
+    # status.knobs: the decode pods' knobs at its top, every pod with its role
+    assert (status.knobs.token_budget, status.knobs.applied_replicas) == (128, 2)
+    assert {(p.pod, p.role) for p in status.knobs.pods} == {
+        ("smollm2-decode-0", "decode"), ("smollm2-decode-1", "decode"), ("smollm2-prefill-0", "prefill"),
+        ("smollm2-prefill-1", "prefill")}
+    cond = {c["type"]: c for c in kube.resource["status"]["conditions"]}
+    assert cond["Ready"]["status"] == "True" and "prefill: 2/2" in cond["Ready"]["message"]
+    pushed.clear()
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert pushed == []  # acknowledged: nothing pushed again
+
+    # auto: as on, nothing changes
+    kube.deleted.clear()
+    _switch(kube, {**ON_SPLIT, "mode": "auto"})
+    out = r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert _children(kube) == disaggregated and kube.deleted == []
+    assert [c for c in out.changes if "Deployment" in c] == []
+
+    # off again: today's objects, and nothing of the roles is left
+    _switch(kube, {"mode": "off", "prefill": {"replicas": 2}})
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert _children(kube) == today
+    assert sorted(kube.deleted) == ["Deployment smollm2-decode", "Deployment smollm2-prefill",
+                                    "PodDisruptionBudget smollm2-decode", "PodDisruptionBudget smollm2-prefill",
+                                    "Service smollm2-prefill"]
+    assert "disaggregation" not in kube.resource["status"]
+    assert kube.objects[("Service", "ml", "smollm2")]["spec"]["selector"] == builders.selector_labels("smollm2")
+    # what is applied is exactly what the resource without disaggregation renders (with the hash a pass adds)
+    plain = t.InferenceDeployment.model_validate(kube.read_inference_deployment("ml", "smollm2"))
+    plain.spec.disaggregation = None
+    want = {(o["kind"], o["metadata"]["name"]): o for o in builders.desired_objects(
+        plain, builders.OperatorSettings(admin_token_key="k"), service_monitor_crd=True)}
+    for (kind, _, name), live in kube.objects.items():
+        if kind != "Secret":
+            live = copy.deepcopy(live)
+            live["metadata"].pop("uid")
+            live.pop("status", None)
+            assert live == with_hash(want[(kind, name)]), (kind, name)
+
+
+def test_a_switch_deletes_only_what_is_ours():
+    """A Deployment named like a role's that someone else made stays (and the pass says NameConflict when the
+    spec wants that name)."""
+    kube = MemoryKube(_resource(None))
+    theirs = {"apiVersion": "apps/v1", "kind": "Deployment",
+              "metadata": {"name": "smollm2-decode", "namespace": "ml", "uid": "theirs"},
+              "spec": {"replicas": 1}}
+    kube.objects[("Deployment", "ml", "smollm2-decode")] = theirs
+    r = _reconciler(kube, [])
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert kube.objects[("Deployment", "ml", "smollm2-decode")] == theirs and "Deployment smollm2-decode" not in \
+        kube.deleted
+    _switch(kube, ON_SPLIT)
+    out = r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert out.problem.reason == "NameConflict" and "Deployment smollm2-decode" in out.problem.message
+    assert kube.objects[("Deployment", "ml", "smollm2")]  # nothing was changed: today's pods still serve
+
+
+def test_a_refused_disaggregation_is_an_invalid_spec_with_an_event_and_changes_nothing():
+    kube = MemoryKube(_resource(None))
+    events: list[tuple[str, str, str]] = []
+    from chunkpilot.operator.reconciler import Reconciler
+
+    r = Reconciler(kube, builders.OperatorSettings(admin_token_key="k"),
+                   lambda obj, type_, reason, message: events.append((type_, reason, message)),
+                   pusher=type("P", (), {"for_token": lambda self, token: (lambda pods, knobs: {})})())
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    before = copy.deepcopy(kube.objects)
+    _switch(kube, {"mode": "on"})
+    kube.resource["spec"]["engine"]["resources"]["gpus"] = 2
+    out = r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert out.problem.reason == "InvalidSpec" and t.DISAGG_TP_RULE_MESSAGE in out.problem.message
+    assert kube.objects == before
+    degraded = next(c for c in kube.resource["status"]["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "InvalidSpec" and "tensorParallelSize 1" in degraded["message"]
+    assert ("Warning", "InvalidSpec", out.problem.message) in events

@@ -8,6 +8,8 @@ out so the API server fills them in.
 
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +76,22 @@ def _with_defaults(model: type[BaseModel], schema: dict) -> dict:
         prop = schema.get("properties", {}).get(key)
         if prop is None:
             continue
-        ann = field.annotation
-        sub = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        sub = _model_of(field.annotation)
         if field.default_factory is not None and sub is not None:
             prop["default"] = field.default_factory().model_dump(by_alias=True, exclude_none=True)
         if sub is not None:
             _with_defaults(sub, prop)
     return schema
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds, also when it is optional (`Model | None`): an optional sub-object without a
+    default stays absent, but once the user writes it, the API server fills its own fields' defaults."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    options = [a for a in typing.get_args(annotation) if a is not type(None)] if union else [annotation]
+    if len(options) == 1 and isinstance(options[0], type) and issubclass(options[0], BaseModel):
+        return options[0]
+    return None
 
 
 def schema_for(model: type[BaseModel], *, defaults: bool) -> dict:
@@ -92,6 +103,11 @@ def schema_for(model: type[BaseModel], *, defaults: bool) -> dict:
 PRINTER_COLUMNS = [
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Ready engine pods."},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "description": "Desired engine pods."},
+    # disaggregation on or auto: each role's ready pods (empty without it)
+    {"name": "Prefill", "type": "integer", "jsonPath": ".status.disaggregation.prefill.readyReplicas",
+     "description": "Ready prefill pods (disaggregation)."},
+    {"name": "Decode", "type": "integer", "jsonPath": ".status.disaggregation.decode.readyReplicas",
+     "description": "Ready decode pods (disaggregation)."},
     {"name": "Budget", "type": "integer", "jsonPath": ".status.knobs.tokenBudget", "description": "Token budget delivered."},
     {"name": "Chunk", "type": "integer", "jsonPath": ".status.knobs.maxChunk", "description": "Max chunk delivered."},
     {"name": "Applied", "type": "integer", "jsonPath": ".status.knobs.appliedReplicas",

@@ -11,6 +11,29 @@ from chunkpilot.api import types as t
 from chunkpilot.api.crd import PRINTER_COLUMNS, crd_manifest
 
 REFERENCE_PATH = Path("docs") / "crd-reference.md"
+# The page's example of spec.disaggregation (tests/test_docs.py holds every InferenceDeployment the docs show to
+# the CRD's schema and the types; tests/operator/test_disaggregation.py renders this one).
+DISAGGREGATION_EXAMPLE = """\
+apiVersion: chunkpilot.io/v1alpha1
+kind: InferenceDeployment
+metadata:
+  name: llama-8b
+spec:
+  model:
+    source: pvc://models/Llama-3.1-8B-Instruct
+    dtype: bfloat16
+  engine:
+    resources: {gpus: 1}       # disaggregation needs tensorParallelSize 1 for now
+  scheduler: {tokenBudget: 512, maxChunk: 256}   # the decode pods' start-up knobs
+  disaggregation:
+    mode: "on"                 # quoted: a bare on is YAML 1.1's true
+    threshold: 256             # prompts with more uncached tokens are prefilled on a prefill pod
+    prefill:
+      replicas: 2
+      knobs: {tokenBudget: 8192, maxChunk: 4096}   # a prefill pod runs long prompts alone
+    decode:
+      replicas: 4
+"""
 
 
 def _type(node: dict) -> str:
@@ -29,7 +52,8 @@ def _bounds(node: dict) -> str:
     for key, word in (("minimum", "≥"), ("maximum", "≤"), ("minLength", "length ≥"), ("maxLength", "length ≤"),
                       ("minItems", "items ≥"), ("maxItems", "items ≤")):
         if key in node:
-            parts.append(f"{word} {node[key]}")
+            exclusive = key in ("minimum", "maximum") and node.get("exclusive" + key.capitalize())
+            parts.append(f"{word.replace('≥', '>').replace('≤', '<') if exclusive else word} {node[key]}")
     if "enum" in node:
         parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
     if "pattern" in node:
@@ -81,6 +105,12 @@ def render() -> str:
             lines += ["", f"Rules the API server checks on {part} (CEL):", ""]
             lines += [f"- on `{where}`: `{_cell(rule['rule'])}` — {_cell(rule.get('message', ''))}"
                       for where, rule in rules]
+    lines += ["", "## Example: prefill/decode disaggregation", "",
+              "Two prefill pods compute the prompts with more than 256 uncached tokens and hand their KV blocks to "
+              "four decode pods, which serve the clients through the Service `llama-8b`; the prefill pods sit behind "
+              "the headless Service `llama-8b-prefill`. What the operator renders for each role, and why: "
+              "[operator](operator.md#prefilldecode-disaggregation).", "",
+              "```yaml", DISAGGREGATION_EXAMPLE.rstrip("\n"), "```"]
     return "\n".join(lines) + "\n"
 
 

@@ -285,6 +285,107 @@ class MonitoringSpec(_Model):
                                   description="Create a Prometheus Operator ServiceMonitor (when its CRD exists).")
 
 
+# Prefill/decode disaggregation (spec.disaggregation): the roles a disaggregated deployment runs pods of, in the
+# engine's own names (engine_settings.ROLES without "both", which is every pod of a deployment without it).
+DISAGGREGATED_ROLES: tuple[str, ...] = tuple(r for r in defaults.ROLES if r != "both")
+DISAGG_REPLICAS_RULE_MESSAGE = ("disaggregation.mode on or auto needs at least one pod of each role (prefill pods "
+                                "compute the long prompts, decode pods serve the clients): set "
+                                "disaggregation.prefill.replicas and disaggregation.decode.replicas to 1 or more, "
+                                "or disaggregation.mode to off")
+DISAGG_REPLICAS_RULE = ("!has(self.mode) || self.mode == 'off' || "
+                        "((has(self.prefill) && has(self.prefill.replicas) ? self.prefill.replicas : 1) >= 1 && "
+                        "(has(self.decode) && has(self.decode.replicas) ? self.decode.replicas : 1) >= 1)")
+
+
+class RoleSpec(_Model):
+    """The pods of one role of a disaggregated deployment."""
+
+    replicas: int = Field(1, ge=0, le=1000, description="Pods of this role (at least 1 with mode on or auto).")
+    knobs: SchedulerSpec | None = Field(
+        None, description="This role's initial scheduler knobs, in place of spec.scheduler for its pods (a prefill "
+                          "pod runs long prompts alone and can take a larger budget and chunk than a decode pod). As "
+                          "spec.scheduler's, the tuner's knobs replace them in tuning.mode auto.")
+
+
+class DisaggregationSpec(_Model):
+    """Prefill/decode disaggregation: prefill pods compute long prompts and hand their KV blocks to decode pods,
+    which serve the clients, so a long prompt never stalls the running decodes of the pod it arrives at."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
+        (DISAGG_REPLICAS_RULE, DISAGG_REPLICAS_RULE_MESSAGE)))
+
+    mode: Literal["off", "on", "auto"] = Field(
+        "off", description="off: every pod prefills and decodes (spec.replicas pods; absent is off); on: "
+                           "prefill.replicas prefill pods behind a headless Service and decode.replicas decode pods "
+                           "behind the client Service; auto: as on for now, with the given split (the tuner does "
+                           "not choose it yet). Quote it in YAML (\"on\", \"off\"): YAML 1.1, which kubectl reads, "
+                           "takes a bare on or off for a boolean, and the API server then refuses it as one.")
+    threshold: int = Field(defaults.DISAGG_THRESHOLD, ge=0, le=1_048_576,
+                           description="Uncached prompt tokens above which a decode pod has a prefill pod compute "
+                                       "the prompt; at or below it the decode pod prefills it itself, chunked.")
+    transport: Literal[defaults.KV_TRANSPORTS] = Field(  # type: ignore[valid-type]
+        defaults.KV_TRANSPORTS[0], description="How KV blocks move between the pods: nixl (NVIDIA's transfer "
+                                               "library over UCX; between pods over TCP).")
+    lease_seconds: float = Field(defaults.KV_LEASE_SECONDS, alias="leaseSeconds", gt=0, le=3600,
+                                 description="Seconds a prefill pod holds the blocks of a prompt it computed until "
+                                             "the decode pod that asked takes them; released earlier on "
+                                             "acknowledgement or abort.")
+    prefill: RoleSpec = Field(default_factory=RoleSpec, description="The prefill pods.")
+    decode: RoleSpec = Field(default_factory=RoleSpec, description="The decode pods, which the clients reach.")
+
+    @model_validator(mode="after")
+    def _both_roles_run(self) -> "DisaggregationSpec":
+        if self.enabled and (self.prefill.replicas < 1 or self.decode.replicas < 1):
+            raise ValueError(DISAGG_REPLICAS_RULE_MESSAGE)
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """on and auto alike: auto renders as on until the tuner chooses the split."""
+        return self.mode != "off"
+
+    def role(self, name: str) -> RoleSpec:
+        if name not in DISAGGREGATED_ROLES:
+            raise ValueError(f"no role {name!r}: one of {', '.join(DISAGGREGATED_ROLES)}")
+        return self.prefill if name == "prefill" else self.decode
+
+
+# What the engine cannot disaggregate yet, refused by the CRD's CEL (admission) and by the Python check below
+# (objects stored before the rule, and the operator's own parse), with one message each. The has() guards keep each
+# rule total where schema defaults were not filled in.
+_DISAGG_ON = ("has(self.disaggregation) && has(self.disaggregation.mode) && self.disaggregation.mode != 'off'")
+DISAGG_TP_RULE_MESSAGE = ("disaggregation needs tensorParallelSize 1 for now (the engine moves the KV blocks of "
+                          "one rank): set engine.tensorParallelSize to 1 (or leave it unset with "
+                          "engine.resources.gpus 1, or 0 for the CPU), or disaggregation.mode to off")
+DISAGG_TP_RULE = (f"!({_DISAGG_ON}) || (has(self.engine) && has(self.engine.tensorParallelSize) ? "
+                  "self.engine.tensorParallelSize : (has(self.engine) && has(self.engine.resources) && "
+                  "has(self.engine.resources.gpus) ? self.engine.resources.gpus : 1)) <= 1")
+DISAGG_DRAFT_RULE_MESSAGE = ("disaggregation does not work with a draft model yet (the draft model's KV cache is "
+                             "not handed over with the model's): use engine.speculative.method ngram, remove "
+                             "engine.speculative, or set disaggregation.mode to off")
+DISAGG_DRAFT_RULE = (f"!({_DISAGG_ON}) || !(has(self.engine) && has(self.engine.speculative) && "
+                     "has(self.engine.speculative.method) && self.engine.speculative.method == 'draft_model')")
+DISAGG_AUTOSCALING_RULE_MESSAGE = ("autoscaling sets spec.replicas, which a disaggregated deployment does not use "
+                                   "(it runs disaggregation.prefill.replicas and disaggregation.decode.replicas "
+                                   "pods): set autoscaling.mode to off, or disaggregation.mode to off")
+DISAGG_AUTOSCALING_RULE = (f"!({_DISAGG_ON}) || !has(self.autoscaling) || !has(self.autoscaling.mode) || "
+                           "self.autoscaling.mode == 'off'")
+
+
+def disaggregation_refusal(spec: "InferenceDeploymentSpec") -> str:
+    """Why this spec cannot be disaggregated ("" when it can, or when it is not): the CEL rules above, in Python."""
+    d = spec.disaggregation
+    if d is None or not d.enabled:
+        return ""
+    if spec.engine.effective_tensor_parallel_size > 1:
+        return DISAGG_TP_RULE_MESSAGE
+    if spec.engine.speculative is not None and spec.engine.speculative.method == "draft_model":
+        return DISAGG_DRAFT_RULE_MESSAGE
+    if spec.autoscaling.mode != "off":
+        return DISAGG_AUTOSCALING_RULE_MESSAGE
+    return ""
+
+
 # Which device each quantization method runs on (chunkpilot.engine.model.quantization): one rule for the CRD's CEL and
 # the Python check below (objects stored before the rule, and the operator's own parse).
 QUANTIZATION_RULE_MESSAGE = ("model.quantization int8 and int4 run on the CPU (engine.resources.gpus 0) and fp8 on "
@@ -296,9 +397,13 @@ QUANTIZATION_RULE = ("!has(self.model.quantization) || self.model.quantization =
 
 class InferenceDeploymentSpec(_Model):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
-        (AUTOSCALING_RULE, AUTOSCALING_RULE_MESSAGE), (QUANTIZATION_RULE, QUANTIZATION_RULE_MESSAGE)))
+        (AUTOSCALING_RULE, AUTOSCALING_RULE_MESSAGE), (QUANTIZATION_RULE, QUANTIZATION_RULE_MESSAGE),
+        (DISAGG_TP_RULE, DISAGG_TP_RULE_MESSAGE), (DISAGG_DRAFT_RULE, DISAGG_DRAFT_RULE_MESSAGE),
+        (DISAGG_AUTOSCALING_RULE, DISAGG_AUTOSCALING_RULE_MESSAGE)))
 
-    replicas: int = Field(1, ge=0, le=1000, description="Engine pods.")
+    replicas: int = Field(1, ge=0, le=1000, description="Engine pods (with disaggregation on or auto: "
+                                                        "disaggregation.prefill.replicas and decode.replicas "
+                                                        "instead).")
     model: ModelSpec = Field(..., description="The model to serve.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine pod settings.")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Initial scheduler knobs.")
@@ -307,6 +412,8 @@ class InferenceDeploymentSpec(_Model):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec,
                                          description="Replicas as the tuner's last knob (needs tuning.mode auto).")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus integration.")
+    disaggregation: DisaggregationSpec | None = Field(
+        None, description="Prefill/decode disaggregation; off when absent.")
 
     @model_validator(mode="after")
     def _quantization_fits_the_device(self) -> "InferenceDeploymentSpec":
@@ -315,17 +422,33 @@ class InferenceDeploymentSpec(_Model):
             raise ValueError(QUANTIZATION_RULE_MESSAGE)
         return self
 
+    @model_validator(mode="after")
+    def _disaggregation_fits_the_engine(self) -> "InferenceDeploymentSpec":
+        if why := disaggregation_refusal(self):
+            raise ValueError(why)
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill and decode in pods of their own (mode on or auto)."""
+        return self.disaggregation is not None and self.disaggregation.enabled
+
 
 def knob_refusal(spec: InferenceDeploymentSpec) -> str:
     """Why the spec's knobs, bounds and SLOs cannot be served or tuned ("" when they can): the cross-field rules the
     schema does not express, in one place. The operator refuses such a spec (InvalidSpec) and the tuner holds it
     (InvalidTuningSpec) with the same message; neither clamps it into something the user did not ask for."""
     seqs = spec.engine.max_num_seqs
-    try:  # the knobs' own rules are the contract's one validation, the engine's and the knobs file's
-        SchedulerKnobs.of(spec.scheduler.knobs).validated(min_token_budget=seqs)
-    except ValueError as e:
-        return (f"spec.scheduler.tokenBudget {spec.scheduler.token_budget} and maxChunk {spec.scheduler.max_chunk} "
-                f"with spec.engine.maxNumSeqs {seqs}: {e}")
+    knobs = [("spec.scheduler", spec.scheduler)]
+    if spec.disaggregated:  # a role's own start-up knobs go to its pods as spec.scheduler's go to all of them
+        knobs += [(f"spec.disaggregation.{r}.knobs", k) for r in DISAGGREGATED_ROLES
+                  if (k := spec.disaggregation.role(r).knobs) is not None]
+    for where, scheduler in knobs:
+        try:  # the knobs' own rules are the contract's one validation, the engine's and the knobs file's
+            SchedulerKnobs.of(scheduler.knobs).validated(min_token_budget=seqs)
+        except ValueError as e:
+            return (f"{where}.tokenBudget {scheduler.token_budget} and maxChunk {scheduler.max_chunk} "
+                    f"with spec.engine.maxNumSeqs {seqs}: {e}")
     if spec.tuning.mode == "off":
         return ""
     bounds = spec.tuning.bounds
@@ -378,6 +501,8 @@ class SchedulerStatus(_Model):
 
 class PodKnobs(_Model):
     pod: str = Field(..., description="Engine pod.")
+    role: Literal[DISAGGREGATED_ROLES] | None = Field(  # type: ignore[valid-type]
+        None, description="With disaggregation: the pod's role, whose knobs it should run.")
     started: str | None = Field(None, description="When its engine container started (a restart voids the "
                                                   "acknowledgement: the pod is asked again).")
     token_budget: int = Field(..., alias="tokenBudget", description="Token budget the pod reported applying.")
@@ -459,6 +584,24 @@ class SLOStatus(_Model):
     window_seconds: int | None = Field(None, alias="windowSeconds", description="Window measured.")
 
 
+class RoleStatus(_Model):
+    """One role's pods of a disaggregated deployment, and the knobs delivered to them."""
+
+    replicas: int = Field(0, ge=0, description="Pods of this role that exist.")
+    ready_replicas: int = Field(0, alias="readyReplicas", ge=0, description="Pods of this role ready to serve.")
+    knobs: SchedulerStatus | None = Field(None, description="The knobs delivered to this role's pods: the role's "
+                                                            "own, spec.scheduler's or the tuner's.")
+    applied_replicas: int = Field(0, alias="appliedReplicas", ge=0,
+                                  description="Ready pods of this role that acknowledged these knobs.")
+
+
+class DisaggregationStatus(_Model):
+    """The pods of each role (spec.disaggregation mode on or auto): written by the operator alone."""
+
+    prefill: RoleStatus = Field(default_factory=RoleStatus, description="The prefill pods.")
+    decode: RoleStatus = Field(default_factory=RoleStatus, description="The decode pods, which the clients reach.")
+
+
 class InferenceDeploymentStatus(_Model):
     observed_generation: int | None = Field(None, alias="observedGeneration", description="Spec generation reconciled.")
     replicas: int = Field(0, description="Engine pods that exist.")
@@ -472,6 +615,8 @@ class InferenceDeploymentStatus(_Model):
     tuning: TuningStatus | None = Field(None, description="Written by the tuner.")
     slo: SLOStatus | None = Field(None, description="Written by the tuner.")
     autoscaling: AutoscalingStatus | None = Field(None, description="Written by the tuner.")
+    disaggregation: DisaggregationStatus | None = Field(
+        None, description="Each role's pods and knobs (disaggregation on or auto): written by the operator alone.")
 
 
 class InferenceDeployment(_Model):
@@ -484,14 +629,22 @@ class InferenceDeployment(_Model):
     status: InferenceDeploymentStatus = Field(default_factory=InferenceDeploymentStatus)
 
 
-def desired_knobs(obj: InferenceDeployment) -> tuple[SchedulerKnobs, Literal["spec", "tuner"]]:
+def desired_knobs(obj: InferenceDeployment,
+                  role: str | None = None) -> tuple[SchedulerKnobs, Literal["spec", "tuner"]]:
     """The knobs the pods should run now, and whose they are: one owner per mode. In tuning mode auto, once the
     tuner has chosen, its status.scheduler; otherwise the spec's, under generation metadata.generation plus the
     tuner's last generation, so that every change of owner or of spec knobs gives a newer generation than any
     before it (a pod's acknowledgement of an older generation never passes for the new knobs). The operator
-    delivers these; the tuner counts its next generation from them."""
+    delivers these; the tuner counts its next generation from them.
+
+    With `role` (a disaggregated deployment's prefill or decode pods), the spec's knobs are the role's own
+    (spec.disaggregation.<role>.knobs) where it has them, under the same generation (they are part of the spec);
+    the tuner's, once chosen, go to both roles alike."""
     st = obj.status.scheduler
     if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner":
         return SchedulerKnobs.of(st.knobs, st.generation), "tuner"
     generation = int(obj.metadata.get("generation") or 0) + (st.generation if st is not None else 0)
-    return SchedulerKnobs.of(obj.spec.scheduler.knobs, generation), "spec"
+    scheduler = obj.spec.scheduler
+    if role is not None and obj.spec.disaggregation is not None:
+        scheduler = obj.spec.disaggregation.role(role).knobs or scheduler
+    return SchedulerKnobs.of(scheduler.knobs, generation), "spec"

@@ -9,7 +9,8 @@ import hmac
 import json
 from dataclasses import dataclass
 
-from chunkpilot.api.types import GROUP, KIND, VERSION, InferenceDeployment, desired_knobs, knob_refusal
+from chunkpilot.api.types import (DISAGGREGATED_ROLES, GROUP, KIND, VERSION, InferenceDeployment, desired_knobs,
+                                  knob_refusal)
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import dumps_knobs
 from chunkpilot.operator import policy, rules
@@ -39,6 +40,17 @@ ENGINE_GRACE_SECONDS = 30
 TERMINATION_GRACE_SECONDS = PRESTOP_SECONDS + ENGINE_GRACE_SECONDS + 5 + 15
 # NCCL moves data between the ranks of one pod through /dev/shm; the container runtime's default is 64 MiB.
 SHM_SIZE_LIMIT = "2Gi"
+# The named port of the client Service (and the prefill pods' headless one) that a ServiceMonitor scrapes: the
+# engine's own listener serves /metrics.
+METRICS_PORT = 9090
+# Disaggregation (spec.disaggregation): each role's pods carry their role twice, in our label and in llm-d's, whose
+# inference scheduler's prefill/decode filters select pods by `llm-d.ai/role`.
+ROLE_LABEL = f"{GROUP}/role"
+LLMD_ROLE_LABEL = "llm-d.ai/role"
+# UCX's transports for the KV handover between the pods: TCP, and `self` within a process. Pods on one node do not
+# share /dev/shm (each has an IPC namespace of its own), and UCX would otherwise choose shared memory for a peer on
+# the same node and fail to map the other pod's segment.
+UCX_TLS = "tcp,self"
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,33 @@ def selector_labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "chunkpilot-engine", "app.kubernetes.io/instance": name}
 
 
+def role_labels(role: str) -> dict[str, str]:
+    return {ROLE_LABEL: role, LLMD_ROLE_LABEL: role}
+
+
+def role_selector(name: str, role: str) -> dict[str, str]:
+    """The pods of one role of a disaggregated resource (the Deployment's selector, its Service's, its PDB's)."""
+    return {**selector_labels(name), ROLE_LABEL: role}
+
+
+def role_name(name: str, role: str | None) -> str:
+    """A child's name: the resource's own without disaggregation, `<name>-prefill` / `<name>-decode` per role."""
+    return name if role is None else f"{name}-{role}"
+
+
+def prefill_peers(obj: InferenceDeployment) -> str:
+    """What decode pods send long prompts to: the prefill pods' headless Service, whose name resolves to every ready
+    prefill pod (the engine resolves it again every second), in the `<service>.<namespace>.svc` form the chart uses
+    for its own Services (no cluster domain assumed)."""
+    ns = obj.metadata.get("namespace", "default")
+    return f"{role_name(obj.metadata['name'], 'prefill')}.{ns}.svc:{ENGINE_PORT}"
+
+
+def roles(obj: InferenceDeployment) -> tuple[str | None, ...]:
+    """The roles to render pods for: (None,) for today's single Deployment, the disaggregated roles otherwise."""
+    return DISAGGREGATED_ROLES if obj.spec.disaggregated else (None,)
+
+
 def owner_reference(obj: InferenceDeployment) -> dict:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": obj.metadata["name"],
             "uid": obj.metadata["uid"], "controller": True, "blockOwnerDeletion": True}
@@ -98,6 +137,11 @@ def _meta(obj: InferenceDeployment, name: str) -> dict:
 
 def knobs_configmap_name(name: str) -> str:
     return f"{name}-knobs"
+
+
+def knobs_file(role: str | None) -> str:
+    """The key of the knobs ConfigMap a pod reads: one for every pod, or one per role (each role's own knobs)."""
+    return KNOBS_FILE if role is None else f"knobs-{role}.json"
 
 
 def served_name(obj: InferenceDeployment) -> str:
@@ -217,21 +261,23 @@ def _container_security() -> dict:
 
 
 def knobs_configmap(obj: InferenceDeployment) -> dict:
-    """The durable copy of the desired knobs, which a (re)started pod begins from; running pods get them pushed."""
-    knobs, _ = desired_knobs(obj)
+    """The durable copy of the desired knobs, which a (re)started pod begins from; running pods get them pushed.
+    Disaggregated, a file per role: each role may start from knobs of its own."""
+    data = {knobs_file(role): dumps_knobs(desired_knobs(obj, role)[0]) for role in roles(obj)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(obj, knobs_configmap_name(obj.metadata["name"])),
-            "data": {KNOBS_FILE: dumps_knobs(knobs)}}
+            "data": data}
 
 
 def engine_env(obj: InferenceDeployment, model_path: str,
-               settings: OperatorSettings = OperatorSettings()) -> list[dict]:
+               settings: OperatorSettings = OperatorSettings(), role: str | None = None) -> list[dict]:
+    """The engine container's env; with `role`, that of a disaggregated resource's prefill or decode pods."""
     spec = obj.spec
     values = {
         "model": model_path,
         "grace_period": str(ENGINE_GRACE_SECONDS),
         "port": str(ENGINE_PORT),
         "served_model_name": served_name(obj),
-        "knobs_file": f"{KNOBS_DIR}/{KNOBS_FILE}",
+        "knobs_file": f"{KNOBS_DIR}/{knobs_file(role)}",
         "admin_port": str(ADMIN_PORT),
         "admin_token_file": f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
         # Start-up knobs only: the mounted knobs file is applied before the first request, and the knobs must
@@ -253,9 +299,13 @@ def engine_env(obj: InferenceDeployment, model_path: str,
         values["quantization"] = spec.model.quantization
     if spec.engine.speculative is not None:
         values["speculative_config"] = spec.engine.speculative.engine_config(draft_model_source(obj)[0])
+    if role is not None:
+        values.update(_role_settings(obj, role))
     # the env names come from the settings' one declaration (a KeyError here is a setting that does not exist)
     env = {defaults.BY_NAME[name].env: value for name, value in values.items()}
     out = [{"name": k, "value": v} for k, v in env.items()]
+    if role is not None:
+        out.append({"name": "UCX_TLS", "value": UCX_TLS})  # UCX's own variable, no engine setting (see UCX_TLS)
     if settings.engine_api_key_secret:
         secret, _, key = settings.engine_api_key_secret.partition(":")
         out.append({"name": defaults.BY_NAME["api_key"].env,
@@ -265,7 +315,23 @@ def engine_env(obj: InferenceDeployment, model_path: str,
     return [{"name": e.name, "value": e.value} for e in spec.engine.env] + out
 
 
-def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> dict:
+def _role_settings(obj: InferenceDeployment, role: str) -> dict[str, str]:
+    """The disaggregation settings of one role's pods: a prefill pod holds what it computed for its lease; a decode
+    pod knows its prefill peers and when to use them. Both ends of a KV handover name the transport."""
+    d = obj.spec.disaggregation
+    if d is None or not d.enabled:  # roles(obj) names roles only for a disaggregated spec
+        raise ValueError(f"role {role!r} needs spec.disaggregation.mode on or auto")
+    out = {"role": role, "kv_transport": d.transport}
+    if role == "prefill":
+        out["kv_lease_seconds"] = str(d.lease_seconds)
+    else:  # the engine refuses peers on a prefill pod, and a decode pod without them
+        out.update(prefill_peers=prefill_peers(obj), disagg_threshold=str(d.threshold))
+    return out
+
+
+def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings(),
+               role: str | None = None) -> dict:
+    """The engine pods: every pod of the resource, or with `role` those of one role of a disaggregated one."""
     name, spec = obj.metadata["name"], obj.spec
     model_path, volumes, mounts, inits = model_source(obj, settings)
     _, draft_volumes, draft_mounts = draft_model_source(obj)
@@ -287,7 +353,7 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
         "name": "engine",
         "image": spec.engine.image or settings.engine_image,
         "args": list(spec.engine.extra_args),
-        "env": engine_env(obj, model_path, settings),
+        "env": engine_env(obj, model_path, settings, role),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"},
                   {"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"}],
         "resources": {"limits": limits, "requests": requests},
@@ -308,7 +374,7 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
         extra_volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}})
     template_annotations = dict(spec.engine.pod_annotations)
-    template_annotations[CONFIG_HASH] = config_hash(obj, settings)
+    template_annotations[CONFIG_HASH] = config_hash(obj, settings, role)
     pod_spec = {
         # The engine never calls the Kubernetes API: no token for whoever gets code to run in it.
         "automountServiceAccountToken": False,
@@ -330,40 +396,68 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
     if spec.engine.priority_class_name:
         pod_spec["priorityClassName"] = spec.engine.priority_class_name
     pod_spec = {k: v for k, v in pod_spec.items() if v not in ([], {})}
+    meta, pod_labels = _meta(obj, role_name(name, role)), labels(name)
+    if role is not None:
+        meta["labels"] = pod_labels = {**pod_labels, **role_labels(role)}
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(obj, name),
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
         "spec": {
-            "replicas": spec.replicas,
-            "selector": {"matchLabels": selector_labels(name)},
+            "replicas": spec.replicas if role is None else spec.disaggregation.role(role).replicas,
+            "selector": {"matchLabels": selector_labels(name) if role is None else role_selector(name, role)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": {"metadata": {"labels": labels(name), "annotations": template_annotations}, "spec": pod_spec},
+            "template": {"metadata": {"labels": pod_labels, "annotations": template_annotations}, "spec": pod_spec},
         },
     }
 
 
-def config_hash(obj: InferenceDeployment, settings: OperatorSettings) -> str:
-    """Everything in the pod that needs a restart to change; the knobs are deliberately left out."""
+def config_hash(obj: InferenceDeployment, settings: OperatorSettings, role: str | None = None) -> str:
+    """Everything in the pod that needs a restart to change; the knobs are deliberately left out (a role's replicas
+    and knobs, and on versus auto, too)."""
     spec = obj.spec
     relevant = {"model": spec.model.model_dump(by_alias=True), "engine": spec.engine.model_dump(by_alias=True),
                 "default_image": settings.engine_image}
+    if role is not None:
+        relevant["role"] = role
+        relevant["disaggregation"] = _role_settings(obj, role)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def service(obj: InferenceDeployment) -> dict:
+    """The Service clients reach: every engine pod, or disaggregated the decode pods alone (a prefill pod takes
+    prompts from decode pods, never from a client)."""
     name = obj.metadata["name"]
+    selector = role_selector(name, "decode") if obj.spec.disaggregated else selector_labels(name)
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(obj, name),
-            "spec": {"selector": selector_labels(name), "ports": [
+            "spec": {"selector": selector, "ports": [
                 {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"},
                 # the same listener serves /metrics; a named port lets a ServiceMonitor select it
-                {"name": "metrics", "port": 9090, "targetPort": "http", "protocol": "TCP"}]}}
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "http", "protocol": "TCP"}]}}
 
 
-def pod_disruption_budget(obj: InferenceDeployment) -> dict | None:
-    if obj.spec.replicas <= 1:
+def prefill_service(obj: InferenceDeployment) -> dict | None:
+    """Disaggregated: the prefill pods' headless Service. Its name resolves to the address of every ready prefill
+    pod, which is what a decode pod's --prefill-peers wants (it spreads prompts over them itself); a ClusterIP
+    would hide them behind one address. It carries the metrics port too, with the client Service's labels, so the
+    ServiceMonitor scrapes the prefill pods as well (as service `<name>-prefill`)."""
+    if not obj.spec.disaggregated:
         return None
     name = obj.metadata["name"]
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(obj, name),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}}}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(obj, role_name(name, "prefill")),
+            "spec": {"clusterIP": "None", "selector": role_selector(name, "prefill"), "ports": [
+                {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "http", "protocol": "TCP"}]}}
+
+
+def pod_disruption_budget(obj: InferenceDeployment, role: str | None = None) -> dict | None:
+    """One pod at a time may be evicted, where there is more than one (one pod alone must stay evictable, or no
+    node would drain); disaggregated, per role: evicting the last pod of either role stops the whole service."""
+    name = obj.metadata["name"]
+    replicas = obj.spec.replicas if role is None else obj.spec.disaggregation.role(role).replicas
+    if replicas <= 1:
+        return None
+    selector = selector_labels(name) if role is None else role_selector(name, role)
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(obj, role_name(name, role)),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}}
 
 
 def service_monitor(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings()) -> dict | None:
@@ -390,6 +484,12 @@ def network_policy(obj: InferenceDeployment, settings: OperatorSettings) -> dict
                             "kubernetes.io/metadata.name": settings.operator_namespace}},
                                   "podSelector": {"matchLabels": dict(settings.operator_pod_labels)}}],
                         "ports": [{"port": "admin", "protocol": "TCP"}]})
+    if obj.spec.disaggregated:
+        # The KV handover: decode pods reach prefill pods on the engine port (above), and UCX then connects the two
+        # on ports it picks at random (its TCP transport listens on ephemeral ports, in either direction): every
+        # TCP port between this resource's own engine pods, and no one else's.
+        ingress.append({"from": [{"podSelector": {"matchLabels": selector_labels(name)}}],
+                        "ports": [{"protocol": "TCP"}]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(obj, name),
             "spec": {"podSelector": {"matchLabels": selector_labels(name)}, "policyTypes": ["Ingress"],
                      "ingress": ingress}}
@@ -399,11 +499,25 @@ def desired_objects(obj: InferenceDeployment, settings: OperatorSettings = Opera
                     *, service_monitor_crd: bool = False) -> list[dict]:
     """All objects for one InferenceDeployment, after validate() passed (no half-applied sets)."""
     validate(obj, settings)
-    out = [knobs_configmap(obj), deployment(obj, settings), service(obj)]
-    for optional in (pod_disruption_budget(obj), network_policy(obj, settings)):
+    out = [knobs_configmap(obj), *(deployment(obj, settings, role) for role in roles(obj)), service(obj)]
+    optionals = [prefill_service(obj), *(pod_disruption_budget(obj, role) for role in roles(obj)),
+                 network_policy(obj, settings)]
+    for optional in optionals:
         if optional:
             out.append(optional)
     sm = service_monitor(obj, settings) if service_monitor_crd else None
     if sm:
         out.append(sm)
     return out
+
+
+def optional_children(name: str) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of every child some spec of this resource may want and another may not, which a
+    pass deletes when its spec does not (the knobs ConfigMap, the token Secret and the client Service exist as long
+    as the resource): today's Deployment and each role's (disaggregation switched on or off), the prefill Service,
+    the PDBs, the ServiceMonitor and the NetworkPolicy."""
+    per_role = [role_name(name, r) for r in DISAGGREGATED_ROLES]
+    return [("apps/v1", "Deployment", n) for n in (name, *per_role)] + \
+        [("v1", "Service", role_name(name, "prefill"))] + \
+        [("policy/v1", "PodDisruptionBudget", n) for n in (name, *per_role)] + \
+        [("monitoring.coreos.com/v1", "ServiceMonitor", name), ("networking.k8s.io/v1", "NetworkPolicy", name)]

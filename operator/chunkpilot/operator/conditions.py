@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chunkpilot.api.types import Condition, ConditionType, InferenceDeploymentStatus, KnobsStatus
+from chunkpilot.api.types import (Condition, ConditionType, DisaggregationStatus, InferenceDeploymentStatus,
+                                  KnobsStatus, RoleStatus, SchedulerStatus)
 from chunkpilot.kube.conditions import merge_conditions
 
 # The status fields the operator writes (conditions: Ready, Progressing, Degraded); the tuner writes scheduler
 # (source: tuner), tuning and slo, and the Tuning and SLOMet conditions.
 # Never `scheduler`: the tuner alone writes the knobs it chose (one writer per field; see docs/architecture.md).
-OPERATOR_STATUS_FIELDS = {"observed_generation", "replicas", "ready_replicas", "selector", "knobs"}
+OPERATOR_STATUS_FIELDS = {"observed_generation", "replicas", "ready_replicas", "selector", "knobs", "disaggregation"}
 
 
 @dataclass(frozen=True)
@@ -82,17 +83,70 @@ def deployment_conditions(deploy: dict | None, desired_replicas: int, generation
     return [ready_c, prog_c, deg_c]
 
 
+@dataclass(frozen=True)
+class RolePods:
+    """One role of a disaggregated resource: its Deployment as it is, the pods it should have, and the knobs
+    delivered to them (None until a pass could deliver)."""
+
+    role: str
+    deploy: dict | None
+    desired_replicas: int
+    knobs: KnobsStatus | None = None
+
+    def status(self) -> RoleStatus:
+        ds = (self.deploy or {}).get("status") or {}
+        k = self.knobs
+        return RoleStatus(replicas=int(ds.get("replicas") or 0), ready_replicas=int(ds.get("readyReplicas") or 0),
+                          knobs=None if k is None else SchedulerStatus.of(k.scheduler_knobs.knobs, source=k.source,
+                                                                          generation=k.generation),
+                          applied_replicas=0 if k is None else k.applied_replicas)
+
+
+def role_conditions(roles: list[RolePods], generation: int | None, problem: Problem | None) -> list[Condition]:
+    """Ready / Progressing / Degraded of a disaggregated resource, from each role's Deployment: ready when every
+    role is, rolling out while any role does (a failed rollout first), degraded when any role is. Ready's message
+    counts every role; another message that differs by role names its role ("decode: RolloutFailed ...")."""
+    per_role = [(r.role, deployment_conditions(r.deploy, r.desired_replicas, generation, problem)) for r in roles]
+    worst_first = ((lambda c: c.status == "False",),  # Ready
+                   (lambda c: c.reason == "RolloutFailed", lambda c: c.status == "True"),  # Progressing
+                   (lambda c: c.status == "True",))  # Degraded
+    out = []
+    for i, tests in enumerate(worst_first):
+        conds = [(role, cs[i]) for role, cs in per_role]
+        role, chosen = next(((r, c) for test in tests for r, c in conds if test(c)), conds[0])
+        if i == 0:
+            message = "; ".join(f"{r}: {c.message}" for r, c in conds)
+        elif len({c.message for _, c in conds}) == 1:  # the same for every role (a spec problem): said once
+            message = chosen.message
+        else:
+            message = f"{role}: {chosen.message}"
+        out.append(chosen.model_copy(update={"message": message}))
+    return out
+
+
 def status_patch(current_status: dict, *, deploy: dict | None, desired_replicas: int, generation: int | None,
-                 selector: str, knobs: KnobsStatus | None, problem: Problem | None, now: str) -> dict | None:
+                 selector: str, knobs: KnobsStatus | None, problem: Problem | None, now: str,
+                 roles: list[RolePods] | None = None) -> dict | None:
     """The merge patch for `status` (the operator's fields only), or None when nothing changed (so reconciles that
-    change nothing write nothing: level-triggered without a write loop)."""
-    ds = (deploy or {}).get("status") or {}
-    conditions = merge_conditions(current_status.get("conditions") or [],
-                                  deployment_conditions(deploy, desired_replicas, generation, problem), now)
+    change nothing write nothing: level-triggered without a write loop). With `roles` (disaggregated), conditions
+    and counts come from each role's Deployment and `deploy` is not read; without, status.disaggregation goes."""
+    if roles is None:
+        ds = (deploy or {}).get("status") or {}
+        conditions = deployment_conditions(deploy, desired_replicas, generation, problem)
+        replicas, ready, disaggregation = int(ds.get("replicas") or 0), int(ds.get("readyReplicas") or 0), None
+    else:
+        conditions = role_conditions(roles, generation, problem)
+        by_role = {r.role: r.status() for r in roles}
+        replicas = sum(s.replicas for s in by_role.values())
+        ready = sum(s.ready_replicas for s in by_role.values())
+        disaggregation = DisaggregationStatus(**by_role)
     want = InferenceDeploymentStatus(
-        observed_generation=generation, replicas=int(ds.get("replicas") or 0),
-        ready_replicas=int(ds.get("readyReplicas") or 0), selector=selector, knobs=knobs,
+        observed_generation=generation, replicas=replicas, ready_replicas=ready, selector=selector, knobs=knobs,
+        disaggregation=disaggregation,
     ).model_dump(by_alias=True, exclude_none=True, include=OPERATOR_STATUS_FIELDS)
-    want["conditions"] = conditions  # merged: the tuner's conditions pass through as they are
+    # merged: the tuner's conditions pass through as they are
+    want["conditions"] = merge_conditions(current_status.get("conditions") or [], conditions, now)
+    if disaggregation is None and "disaggregation" in current_status:
+        want["disaggregation"] = None  # switched off: a merge patch removes the field with a null
     changed = {k: v for k, v in want.items() if current_status.get(k) != v}
     return changed or None

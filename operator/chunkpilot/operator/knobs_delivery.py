@@ -120,6 +120,23 @@ def deliver(previous: KnobsStatus | None, desired: SchedulerKnobs, source: str, 
     return status, failures
 
 
+def deliver_by_role(previous: KnobsStatus | None, wants: dict[str, tuple[SchedulerKnobs, str, list[ReadyPod]]],
+                    shown: str, push: Pusher) -> tuple[KnobsStatus, dict[str, KnobsStatus], list[str]]:
+    """A disaggregated resource: each role's knobs (`wants`: role -> its knobs, their source, its ready pods) to the
+    pods of that role alone, as deliver() does for all of them. Returns the one record of every pod (status.knobs:
+    each entry names its pod's role; the knobs at its top are role `shown`'s, the decode pods the clients reach,
+    and it counts the pods that run those), each role's own record, and the failures."""
+    by_role, failures, entries = {}, [], []
+    for role, (desired, source, pods) in wants.items():
+        status, failed = deliver(previous, desired, source, pods, push)
+        by_role[role] = status.model_copy(update={"pods": [p.model_copy(update={"role": role}) for p in status.pods]})
+        entries += by_role[role].pods
+        failures += failed
+    top = by_role[shown]
+    applied = sum(1 for e in entries if e.scheduler_knobs == top.scheduler_knobs)
+    return top.model_copy(update={"pods": entries, "applied_replicas": applied}), by_role, failures
+
+
 class HttpPusher:
     """PUT the knobs file's content to the admin path, with the bearer token, to many pods at once; each answer is
     that pod's acknowledgement.

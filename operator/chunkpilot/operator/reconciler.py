@@ -12,14 +12,15 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import (ConditionType, InferenceDeployment, InferenceDeploymentSpec,
+from chunkpilot.api.types import (DISAGGREGATED_ROLES, ConditionType, InferenceDeployment, InferenceDeploymentSpec,
                                   InferenceDeploymentStatus, KnobsStatus, desired_knobs)
 from chunkpilot.operator import builders
-from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, owned_pods, ready_pods
+from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, deliver_by_role, owned_pods, ready_pods
 from chunkpilot.operator.pod_trouble import creating, engine_trouble, mount_trouble, starting
 from chunkpilot.contract.knobs import parse_knobs
 from chunkpilot.kube.autoscalers import AutoscalerCheck
@@ -27,7 +28,7 @@ from chunkpilot.kube.client import Kube
 from chunkpilot.kube.conditions import condition, now_rfc3339
 from chunkpilot.kube.object_key import ObjectKey
 from chunkpilot.operator.apply import describe, plan, with_hash
-from chunkpilot.operator.conditions import Problem, status_patch
+from chunkpilot.operator.conditions import Problem, RolePods, status_patch
 from chunkpilot.operator.policy import PolicyError
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,18 @@ EventPoster = Callable[[dict, str, str, str], None]
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 # what the chart's Secret admission policy says when the operator's apply would take over someone else's Secret
 NOT_OURS = "was not made by the chunkpilot operator"
-# Children that come and go with the spec (the others always exist while the resource does).
-OPTIONAL_CHILDREN = [("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
-                     ("networking.k8s.io/v1", "NetworkPolicy")]
 
+
+class Delivery(NamedTuple):
+    """What one pass's knobs delivery found: status.knobs, whether a push failed (the queue retries after 1 s,
+    doubling to 30 s), why any pod fails to come up, whether any runs containers not ready yet, and, for a
+    disaggregated resource, each role's own record."""
+
+    knobs: KnobsStatus | None
+    failed: bool
+    trouble: str | None
+    waiting: bool
+    roles: dict[str, KnobsStatus] = {}
 
 
 @dataclass
@@ -89,16 +98,17 @@ class Reconciler:
         return None if raw is None else self.reconcile(raw)
 
     def forget(self, namespace: str, name: str) -> None:
-        """The object is gone: drop what this process remembered about it."""
+        """The object is gone: drop what this process remembered about it (and about its role Deployments)."""
         for memory in (self._hpa_owned, self._warned_monitor, self._warned_hpa, self._verified):
-            memory.pop(ObjectKey(namespace, name), None)
+            for child in (None, *DISAGGREGATED_ROLES):
+                memory.pop(ObjectKey(namespace, builders.role_name(name, child)), None)
 
     # -- one pass ------------------------------------------------------------------------------------------
     def reconcile(self, raw: dict) -> Outcome:
         meta = raw["metadata"]
         if meta.get("deletionTimestamp"):
             return Outcome()  # owner references let the garbage collector remove the children
-        ns, name = key = ObjectKey.from_meta(meta)
+        ns, name = ObjectKey.from_meta(meta)
         out = Outcome()
         obj, desired = None, []
         try:
@@ -114,35 +124,45 @@ class Reconciler:
         except ApiException as e:
             out.problem = Problem("ApiError", _api_message(e, "reading referenced objects"))
 
-        deploy_live = None
+        roles = _pod_roles(obj, raw)
+        deploys: dict[str | None, dict | None] | None = None  # role (None: every pod) -> its Deployment as it is
         if out.problem is None and obj is not None:
             try:
                 self._apply_token_secret(obj)
-                deploy_live = self._apply_all(raw, desired, out)
+                lives = self._apply_all(raw, desired, out)
+                deploys = {role: lives.get(builders.role_name(name, role)) for role in roles}
             except _NameConflict as e:
                 out.problem = Problem("NameConflict", str(e))
             except ApiException as e:
                 out.problem = Problem("ApiError", _api_message(e, "applying the engine objects"))
-        if deploy_live is None and (out.problem is None or out.problem.reason != "NameConflict"):
+        if deploys is None and (out.problem is None or out.problem.reason != "NameConflict"):
             # (a Deployment that is not ours says nothing about this resource's replicas)
-            deploy_live = self._read_quietly("apps/v1", "Deployment", ns, name)
+            deploys = {role: self._read_quietly("apps/v1", "Deployment", ns, builders.role_name(name, role))
+                       for role in roles}
+        deploys = deploys or {role: None for role in roles}
 
         status = raw.get("status") or {}
-        knobs, trouble = None, None
-        spec = raw.get("spec") or {}
-        replicas = obj.spec.replicas if obj is not None else int(spec.get("replicas") or 0)
-        if deploy_live is not None and self._hpa_owned.get(key):  # the HPA owns the count
-            replicas = int((deploy_live.get("spec") or {}).get("replicas") or 0)
-        if obj is not None and out.problem is None and deploy_live is not None:
-            knobs, push_failed, trouble, waiting = self._deliver_knobs(obj, deploy_live)
+        delivery = None
+        if obj is not None and out.problem is None and all(d is not None for d in deploys.values()):
+            delivery = self._deliver_knobs(obj, deploys)
             # pods loading or crashing change no Deployment field we watch: pass again (1 s doubling to 30 s)
             # while they do, so the conditions follow the containers within half a minute
-            out.retry = push_failed or waiting
+            out.retry = delivery.failed or delivery.waiting
         # the spec's problems first: the engine's failure may only be their consequence
+        trouble = delivery.trouble if delivery is not None else None
         problem = out.problem or (Problem("EngineFailing", trouble) if trouble else None)
-        patch = status_patch(status, deploy=deploy_live, desired_replicas=replicas, generation=meta.get("generation"),
-                             selector=",".join(f"{k}={v}" for k, v in builders.selector_labels(name).items()),
-                             knobs=knobs, problem=problem, now=now_rfc3339())
+        knobs = delivery.knobs if delivery is not None else None
+        selector = ",".join(f"{k}={v}" for k, v in builders.selector_labels(name).items())
+        if roles == (None,):
+            patch = status_patch(status, deploy=deploys[None], desired_replicas=self._replicas(ns, name, obj, raw,
+                                                                                                deploys[None]),
+                                 generation=meta.get("generation"), selector=selector, knobs=knobs, problem=problem,
+                                 now=now_rfc3339())
+        else:
+            role_pods = [RolePods(role, deploys[role], self._replicas(ns, name, obj, raw, deploys[role], role),
+                                  delivery.roles.get(role) if delivery is not None else None) for role in roles]
+            patch = status_patch(status, deploy=None, desired_replicas=0, generation=meta.get("generation"),
+                                 selector=selector, knobs=knobs, problem=problem, now=now_rfc3339(), roles=role_pods)
         if patch is not None:
             try:
                 self.kube.patch_status(ns, name, patch, meta.get("resourceVersion"))
@@ -154,6 +174,19 @@ class Reconciler:
                     log.warning("status of %s/%s not written: %s", ns, name, _api_message(e, "writing status"))
         self._post_problem(raw, status, problem)
         return out
+
+    def _replicas(self, ns: str, name: str, obj: InferenceDeployment | None, raw: dict, deploy: dict | None,
+                  role: str | None = None) -> int:
+        """The pods a Deployment of the resource should have: the spec's (each role's, disaggregated), or the live
+        count where an HPA owns that Deployment's replicas."""
+        if deploy is not None and self._hpa_owned.get(ObjectKey(ns, builders.role_name(name, role))):
+            return int((deploy.get("spec") or {}).get("replicas") or 0)
+        if obj is None:  # an unreadable spec: what it says, as far as it can be read
+            spec = raw.get("spec") or {}
+            if role is not None:
+                spec = ((spec.get("disaggregation") or {}).get(role)) or {"replicas": 1}  # the schema's default
+            return int(spec.get("replicas") or 0)
+        return obj.spec.replicas if role is None else obj.spec.disaggregation.role(role).replicas
 
     # -- knobs delivery (knobs_delivery.py) ---------------------------------------------------------------
     def _apply_token_secret(self, obj: InferenceDeployment) -> None:
@@ -171,31 +204,40 @@ class Reconciler:
                 raise _NameConflict([describe(secret)]) from None
             raise
 
-    def _deliver_knobs(self, obj: InferenceDeployment,
-                       deploy_live: dict) -> tuple[KnobsStatus | None, bool, str | None, bool]:
+    def _deliver_knobs(self, obj: InferenceDeployment, deploys: dict[str | None, dict]) -> Delivery:
         """Push the desired knobs to the ready pods that have not acknowledged them: the pods of the ReplicaSets
-        our Deployment owns, not any pod with its labels (knobs_delivery.owned_pods). Returns status.knobs, whether
-        a push failed (the queue retries after 1 s, doubling to 30 s) and, from the same list of pods, why any of
-        them fails to come up and whether any runs containers not ready yet (pod_trouble)."""
+        our Deployment owns, not any pod with its labels (knobs_delivery.owned_pods). `deploys`: role -> its live
+        Deployment; role None is every pod of a resource without disaggregation, whose status.knobs is as it always
+        was; with roles, each role's pods get that role's knobs (desired_knobs(obj, role)). The pod troubles come
+        from the same list of pods (pod_trouble)."""
         ns, name = key = ObjectKey.from_meta(obj.metadata)
-        knobs, source = desired_knobs(obj)
-        selector = builders.selector_labels(name)
+        selector = builders.selector_labels(name)  # every pod of the resource, of either role
         try:
-            listed = owned_pods(self.kube.list_pods(ns, selector), self.kube.list_replica_sets(ns, selector),
-                                (deploy_live.get("metadata") or {}).get("uid"))
+            pods, replica_sets = self.kube.list_pods(ns, selector), self.kube.list_replica_sets(ns, selector)
         except ApiException as e:
             log.warning("cannot list the pods of %s/%s: %s", ns, name, _api_message(e, "listing pods"))
-            return obj.status.knobs, True, None, False
+            return Delivery(obj.status.knobs, True, None, False)
+        owned = {role: owned_pods(pods, replica_sets, (d.get("metadata") or {}).get("uid"))
+                 for role, d in deploys.items()}
         now = self.clock()
         stale = now - self._verified.get(key, -math.inf) >= self.verify_seconds
-        status, failures = deliver(None if stale else obj.status.knobs, knobs, source, ready_pods(listed),
-                                   self.pusher.for_token(builders.admin_token(obj, self.settings)))
+        previous = None if stale else obj.status.knobs
+        push = self.pusher.for_token(builders.admin_token(obj, self.settings))
+        if None in owned:
+            knobs, source = desired_knobs(obj)
+            status, failures = deliver(previous, knobs, source, ready_pods(owned[None]), push)
+            by_role = {}
+        else:
+            wants = {role: (*desired_knobs(obj, role), ready_pods(owned[role])) for role in owned}
+            status, by_role, failures = deliver_by_role(previous, wants, "decode", push)
         if stale and not failures:
             self._verified[key] = now
         if failures:
             log.info("knobs generation %d not yet pushed to %s/%s: %s (the pods also read the ConfigMap)",
-                     knobs.generation, ns, name, "; ".join(failures))
-        return status, bool(failures), engine_trouble(listed) or self._mount_trouble(ns, listed), starting(listed)
+                     status.generation, ns, name, "; ".join(failures))
+        listed = [p for role_pods in owned.values() for p in role_pods]
+        return Delivery(status, bool(failures), engine_trouble(listed) or self._mount_trouble(ns, listed),
+                        starting(listed), by_role)
 
     def _mount_trouble(self, ns: str, pods: list[dict]) -> str | None:
         """A volume the kubelet cannot mount (FailedMount), which only Events say: read only while some pod waits
@@ -255,7 +297,9 @@ class Reconciler:
             self._crd_cache = (now, self.kube.crd_exists(SERVICE_MONITOR_CRD))
         return self._crd_cache[1]
 
-    def _apply_all(self, raw: dict, desired: list[dict], out: Outcome) -> dict | None:
+    def _apply_all(self, raw: dict, desired: list[dict], out: Outcome) -> dict[str, dict]:
+        """Create or apply each desired object, then prune the optional ones no longer wanted; returns each
+        Deployment as the API server answered, by name."""
         uid = raw["metadata"].get("uid")
         lives = []
         for want in desired:
@@ -265,7 +309,7 @@ class Reconciler:
         taken = [describe(w) for w, live in zip(desired, lives) if live is not None and not _owned_by(live, uid)]
         if taken:
             raise _NameConflict(taken)
-        deploy_live = None
+        deploys = {}
         for want, live in zip(desired, lives):
             if want["kind"] == "Deployment" and live is not None:
                 want = self._defer_replicas(raw, want, live)
@@ -289,9 +333,9 @@ class Reconciler:
             if action != "none":
                 out.changes.append(f"{action} {describe(want)}")
             if want["kind"] == "Deployment":
-                deploy_live = live
+                deploys[want["metadata"]["name"]] = live
         self._prune(raw, desired, out)
-        return deploy_live
+        return deploys
 
     def _defer_replicas(self, raw: dict, want: dict, live: dict) -> dict:
         """An HPA that targets the Deployment (not the InferenceDeployment) owns its replicas: the operator keeps
@@ -327,25 +371,32 @@ class Reconciler:
 
     def _prune(self, raw: dict, desired: list[dict], out: Outcome) -> None:
         """Delete the optional children the spec no longer wants (PDB at replicas <= 1, ServiceMonitor switched
-        off), but only ours: same name and our owner reference with this resource's uid."""
+        off, today's Deployment or the role Deployments and the prefill Service when disaggregation is switched on
+        or off: builders.optional_children), but only ours: same name and our owner reference with this
+        resource's uid. Run after the wanted objects are applied, so a switch starts the new pods before it stops
+        the old ones."""
         meta = raw["metadata"]
         (ns, name), uid = ObjectKey.from_meta(meta), meta.get("uid")
-        wanted = {(d["apiVersion"], d["kind"]) for d in desired}
-        for api_version, kind in OPTIONAL_CHILDREN:
-            if (api_version, kind) in wanted or (kind == "ServiceMonitor" and not self._monitor_crd_present()):
+        wanted = {(d["apiVersion"], d["kind"], d["metadata"]["name"]) for d in desired}
+        for api_version, kind, child in builders.optional_children(name):
+            if (api_version, kind, child) in wanted or (kind == "ServiceMonitor" and not self._monitor_crd_present()):
                 continue
-            live = self.kube.read(api_version, kind, ns, name)
+            live = self.kube.read(api_version, kind, ns, child)
             if live and _owned_by(live, uid):
-                self.kube.delete(api_version, kind, ns, name)
-                out.changes.append(f"delete {kind} {name}")
-                self.post_event(raw, "Normal", "Deleted", f"deleted {kind} {name}: the spec no longer asks for it")
+                self.kube.delete(api_version, kind, ns, child)
+                out.changes.append(f"delete {kind} {child}")
+                self.post_event(raw, "Normal", "Deleted", f"deleted {kind} {child}: the spec no longer asks for it")
 
     def _post_update(self, raw: dict, want: dict, before: dict) -> None:
         if want["kind"] == "ConfigMap":
-            knobs = parse_knobs(want["data"][builders.KNOBS_FILE])
+            said = []
+            for key, text in want["data"].items():  # one file, or one per role ("prefill: token budget ...")
+                knobs = parse_knobs(text)
+                role = "" if key == builders.KNOBS_FILE else key.removeprefix("knobs-").removesuffix(".json") + ": "
+                said.append(f"{role}token budget {knobs.token_budget}, max chunk {knobs.max_chunk} "
+                            f"(generation {knobs.generation})")
             self.post_event(raw, "Normal", "KnobsChanged",
-                            f"token budget {knobs.token_budget}, max chunk {knobs.max_chunk} "
-                            f"(generation {knobs.generation}): the pods apply them in place, no restart")
+                            f"{'; '.join(said)}: the pods apply them in place, no restart")
         elif want["kind"] == "Deployment" and _template_hash(want) != _template_hash(before):
             self.post_event(raw, "Normal", "RollingUpdate", "the engine image, model, resources or engine settings "
                             "changed: pods are replaced one at a time (maxUnavailable 0)")
@@ -378,6 +429,15 @@ class _NameConflict(Exception):
         super().__init__(f"{', '.join(taken)} already exist{'s' if len(taken) == 1 else ''} and belong to something "
                          "else (no ownerReference to this InferenceDeployment): rename the InferenceDeployment, or "
                          "delete or rename the existing object; nothing was changed")
+
+
+def _pod_roles(obj: InferenceDeployment | None, raw: dict) -> tuple[str | None, ...]:
+    """The roles whose Deployments the resource runs (builders.roles); for a spec that does not parse, what its
+    disaggregation mode says, so the status still counts the pods that run."""
+    if obj is not None:
+        return builders.roles(obj)
+    mode = ((raw.get("spec") or {}).get("disaggregation") or {}).get("mode", "off")
+    return DISAGGREGATED_ROLES if mode in ("on", "auto") else (None,)
 
 
 def _owned_by(live: dict, uid: str | None) -> bool:
