@@ -108,6 +108,13 @@ else
     echo "pytest is not installed for $PY: the gpu tests did not run" | tee -a "$LOG"
 fi
 pack
+# prefill/decode disaggregation (issue 53): NIXL reads between two device pools, against a local copy and the
+# checksums (the gpu test above checks the bytes); GPU_CHECK_ONLY=disaggregation runs the gpu tests and this only
+if [ -z "${GPU_CHECK_ONLY:-}" ] || [ "$GPU_CHECK_ONLY" = disaggregation ]; then
+    "$PY" bench/kv_transfer.py --device "$DEVICE" --dtype "$DTYPE" --tokens 1024,4096,16384 2>&1 | tee -a "$LOG"
+    pack
+fi
+[ "${GPU_CHECK_ONLY:-}" = disaggregation ] && exit 0
 # weight-only fp8 against bfloat16 on the same model (issue 39): decode ms/token, prefill, batch 16, weights, the
 # perplexity ratio (on random weights, what fp8's rounding moves, not a language model's quality)
 if [ "$DEVICE" = cuda ]; then

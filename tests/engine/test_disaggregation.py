@@ -182,3 +182,27 @@ def test_checksums_see_every_byte_of_a_block():
     pool[1, 1, 31, 0, 3] = 1e-30  # the last value of block 1's last layer's V
     after = block_checksums(pool, 16, [0, 1, 2, 3])
     assert [a == b for a, b in zip(before, after)] == [True, False, True, True]
+
+
+@pytest.mark.gpu
+def test_nixl_reads_blocks_between_two_device_pools_and_the_checksums_agree():
+    """The GPU step: NIXL registers device memory (VRAM) on both sides and reads only the blocks asked for, into
+    other block ids, byte for byte; the checksums of the two sides agree."""
+    from chunkpilot.engine.execution.kv_blocks import block_checksums
+    from chunkpilot.engine.kv_transfer.nixl_transport import NixlTransport
+
+    shape = (4, 2, 64 * 16, 2, 64)
+    src_pool = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    dst_pool = torch.zeros(shape, device="cuda", dtype=torch.bfloat16)
+    src, dst = NixlTransport("gpu-prefill", src_pool, 16), NixlTransport("gpu-decode", dst_pool, 16)
+    try:
+        moved = dst.read(src.name, src.metadata, src.layout, [3, 5, 7], [10, 11, 12], 30.0)
+        torch.cuda.synchronize()
+        assert moved == 3 * src_pool[:, :, :16].numel() * 2
+        for s, d in zip([3, 5, 7], [10, 11, 12]):
+            assert torch.equal(dst_pool[:, :, d * 16:(d + 1) * 16], src_pool[:, :, s * 16:(s + 1) * 16])
+        assert block_checksums(dst_pool, 16, [10, 11, 12]) == block_checksums(src_pool, 16, [3, 5, 7])
+        assert not dst_pool[:, :, :10 * 16].any()  # nothing else was written
+    finally:
+        src.close()
+        dst.close()

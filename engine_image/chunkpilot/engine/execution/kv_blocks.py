@@ -38,13 +38,20 @@ def block_bytes(pool: torch.Tensor, block_size: int) -> int:
 def block_checksums(pool: torch.Tensor, block_size: int, blocks: Sequence[int]) -> list[int]:
     """CRC-32 of each block's bytes (all its layers, K and V). Not a defence against an attacker (the pods trust
     each other on the cluster network): it catches a block that changed or was overwritten on the way, which
-    without it becomes another prompt's answer under HTTP 200 (vllm#52234). zlib's CRC runs at memory speed."""
-    host = pool if pool.device.type == "cpu" else None
+    without it becomes another prompt's answer under HTTP 200 (vllm#52234). On the CPU the CRC runs over the
+    block's regions in place (zlib, at memory speed: no copy); a GPU pool's blocks are copied to the host first."""
+    if pool.device.type != "cpu":
+        return [zlib.crc32(pool[:, :, b * block_size:(b + 1) * block_size].contiguous().cpu().view(torch.uint8)
+                           .numpy()) for b in blocks]
+    flat = pool.view(-1).view(torch.uint8).numpy()
+    base = pool.data_ptr()
+    _, num_slots, layers, row_bytes = pool_layout(pool)
     out = []
     for b in blocks:
-        view = (host if host is not None else pool)[:, :, b * block_size:(b + 1) * block_size]
-        data = view.contiguous().cpu() if host is None else view.contiguous()
-        out.append(zlib.crc32(data.view(torch.uint8).numpy()))
+        crc = 0
+        for address, length in block_regions(base, num_slots, layers, row_bytes, block_size, [b]):
+            crc = zlib.crc32(flat[address - base:address - base + length], crc)
+        out.append(crc)
     return out
 
 

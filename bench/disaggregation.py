@@ -1,0 +1,203 @@
+"""Prefill/decode disaggregation against the best colocated setup, side by side in one run on this CPU, each arm at
+equal cores: one prefill and one decode engine pinned to one core each, against two colocated engines pinned to one
+core each (requests alternate between them, as a Service's round robin does) with the best colocated knobs found in
+hindsight; the split with its best threshold in hindsight too.
+
+Goodput: the highest request rate (of a ladder) at which >= 90 % of requests meet both SLOs (their TTFT, and their
+own p99 inter-token gap). Traces: prefill-heavy with a tight ITL (prompts 512-1024 tokens, outputs 32-64) and chat
+(prompts 16-128, outputs 16-64). Issue 53's targets: the split >= 1.2x the best colocated goodput on the first;
+on chat, `auto` (which falls back to colocated where the split does not pay) >= 0.97x. Also the split's TTFT by
+phase (queue, remote prefill, transfer) and the transfer's share of the prefill, at its goodput rate.
+
+    python bench/disaggregation.py [--requests 12] [--ttft-x 5] [--itl-x 2]
+
+The SLOs are set from this machine's own speed, measured first on one engine alone: the TTFT SLO is --ttft-x times
+a lone 1024-token prompt's TTFT (slack), the ITL SLO --itl-x times a lone decode's inter-token gap (tight): the
+regime where the split is meant to win (TaiChi, arXiv 2508.01989), and chat, where it is not.
+
+Writes bench/results/disaggregation.json and .png."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+from common import conditions, model_dir, pyplot, save
+
+from chunkpilot.contract.metric_names import KV_FALLBACKS, KV_TRANSFERS, TTFT_PHASE
+from chunkpilot.contract.slo import SLOTargets
+from chunkpilot.demo.engines import EngineProcess
+from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
+from chunkpilot.loadgen.stats import meets
+from chunkpilot.loadgen.workloads import RequestSpec
+
+TRACES = {"prefill_heavy": ((512, 1024), (32, 64)), "chat": ((16, 128), (16, 64))}
+# each trace's ladder of rates (requests/s): a 1024-token prompt takes seconds on one core, a chat prompt a tenth
+RATES = {"prefill_heavy": (0.1, 0.2, 0.3, 0.4, 0.6), "chat": (0.5, 1.0, 2.0, 3.0, 4.0)}
+# what is tried, best in hindsight: the colocated engines' chunk, the split's threshold (every prefill-heavy prompt
+# is above either; on chat 64 sends about half the prompts)
+CHUNKS = (64, 256)
+THRESHOLDS = {"prefill_heavy": (0,), "chat": (64,)}
+VOCAB = 40000
+COMMON = ("--threads", "1", "--max-model-len", "2048", "--max-num-seqs", "16", "--kv-cache-memory-gb", "0.6",
+          "--dtype", "float32")
+
+
+def requests(trace: str, rate: float, n: int, seed: int) -> list[RequestSpec]:
+    (p_lo, p_hi), (o_lo, o_hi) = TRACES[trace]
+    rng = np.random.default_rng(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.exponential(1.0 / rate)
+        p = int(rng.integers(p_lo, p_hi + 1))
+        out.append(RequestSpec(trace, [int(x) for x in rng.integers(100, VOCAB, p)], int(rng.integers(o_lo, o_hi + 1)),
+                               t, p))
+    return out
+
+
+class Arm:
+    """Two engines on cores 0 and 1, and where the clients send."""
+
+    def __init__(self, model: str, logs: Path, name: str, kind: str, knob: int) -> None:
+        self.name, self.kind, self.knob = name, kind, knob
+        if kind == "colocated":  # knob: the chunk (and budget = chunk + max_num_seqs)
+            knobs = ("--max-chunk", str(knob), "--token-budget", str(knob + 16))
+            self.engines = [EngineProcess(model, f"{name}-{i}", logs, *COMMON, *knobs, cores={i}) for i in (0, 1)]
+            self.targets = self.engines
+        else:  # knob: the uncached-token threshold
+            prefill = EngineProcess(model, f"{name}-p", logs, *COMMON, "--role", "prefill", "--max-chunk", "1024",
+                                    "--token-budget", "1040", cores={0})
+            prefill.wait_ready()
+            decode = EngineProcess(model, f"{name}-d", logs, *COMMON, "--role", "decode", "--prefill-peers",
+                                   f"127.0.0.1:{prefill.port}", "--disagg-threshold", str(knob), "--max-chunk", "64",
+                                   "--token-budget", "80", cores={1})
+            self.engines = [prefill, decode]
+            self.targets = [decode]
+        for e in self.engines:
+            e.wait_ready()
+
+    def stop(self) -> None:
+        for e in self.engines:
+            e.stop()
+
+    async def run(self, specs: list[RequestSpec], slo: SLOTargets) -> list:
+        # round robin: request i to target i mod n, at its own arrival time
+        parts = [specs[i::len(self.targets)] for i in range(len(self.targets))]
+        results = await asyncio.gather(*(run_benchmark_async(BenchmarkConfig(
+            t.url, "smollm2", part, slo=slo, progress=False, timeout=300)) for t, part in zip(self.targets, parts)))
+        return [r for res in results for r in res.records]
+
+    def metrics(self) -> dict[str, float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out: dict[str, float] = {}
+        for e in self.targets:
+            for fam in text_string_to_metric_families(httpx.get(e.url + "/metrics").text):
+                for s in fam.samples:
+                    key = s.name + "".join(f"|{v}" for k, v in sorted(s.labels.items()) if k != "model_name")
+                    out[key] = out.get(key, 0.0) + s.value
+        return out
+
+
+def goodput(arm: Arm, trace: str, rates: list[float], n: int, slo: SLOTargets) -> dict:
+    """Up the ladder until a rate fails; the last rate that passed, and each rate's share within the SLOs."""
+    ladder, best, at_best = [], 0.0, None
+    for i, rate in enumerate(rates):
+        before = arm.metrics()
+        records = asyncio.run(arm.run(requests(trace, rate, n, seed=1000 + i), slo))
+        after = arm.metrics()
+        share = sum(meets(r, slo) for r in records) / len(records)
+        errors = sum(1 for r in records if r.error)
+        delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        ladder.append({"rate": rate, "within_slo": share, "errors": errors})
+        print(f"  {arm.name:>14} {trace:>13} rate {rate:5.2f}/s: {share:5.0%} within SLOs, {errors} errors")
+        if share < 0.9:
+            break
+        best, at_best = rate, delta
+    return {"goodput": best, "ladder": ladder, "metrics_at_goodput": at_best}
+
+
+def phases(delta: dict | None) -> dict:
+    """The split's TTFT by phase at its goodput rate (mean seconds) and the transfer's share of the prefill."""
+    if not delta:
+        return {}
+    out = {}
+    for phase in ("queue", "remote_prefill", "transfer", "first_decode"):
+        n = delta.get(f"{TTFT_PHASE}_count|{phase}", 0.0)
+        out[phase] = delta.get(f"{TTFT_PHASE}_sum|{phase}", 0.0) / n if n else None
+    if out.get("transfer") and out.get("remote_prefill"):
+        out["transfer_share_of_prefill"] = out["transfer"] / (out["transfer"] + out["remote_prefill"])
+    out["transfers_ok"] = delta.get(f"{KV_TRANSFERS}|ok", 0.0)
+    out["fallbacks"] = sum(v for k, v in delta.items() if k.startswith(KV_FALLBACKS + "|"))
+    return out
+
+
+def calibrate(model: str, logs: Path) -> tuple[float, float]:
+    """A lone 1024-token prompt's TTFT and a lone decode's median inter-token gap, on one engine on one core."""
+    arm = Arm(model, logs, "calibrate", "colocated", 256)
+    try:
+        rng = np.random.default_rng(0)
+        spec = RequestSpec("calibrate", [int(x) for x in rng.integers(100, VOCAB, 1024)], 32, 0.0, 1024)
+        rec = asyncio.run(arm.run([spec], SLOTargets()))[0]
+        return rec.ttft, float(np.median(rec.itls))
+    finally:
+        arm.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=12, help="requests per rate")
+    ap.add_argument("--ttft-x", type=float, default=5.0, help="TTFT SLO = this x a lone 1024-token prompt's TTFT")
+    ap.add_argument("--itl-x", type=float, default=2.0, help="ITL SLO = this x a lone decode's inter-token gap")
+    ap.add_argument("--traces", default="prefill_heavy,chat")
+    args = ap.parse_args()
+    model = model_dir()
+    logs = Path(tempfile.mkdtemp(prefix="disagg-bench-"))
+    ttft_1024, itl_alone = calibrate(model, logs)
+    slo = SLOTargets.p99(ttft=args.ttft_x * ttft_1024, itl=args.itl_x * itl_alone)
+    print(f"a lone 1024-token prompt: TTFT {ttft_1024:.2f} s; a lone decode: {itl_alone * 1000:.0f} ms per token; "
+          f"SLOs: TTFT {slo.ttft.threshold:.1f} s, ITL {slo.itl.threshold * 1000:.0f} ms (each request's p99)")
+    result: dict = {"conditions": conditions(requests_per_rate=args.requests, ttft_1024=ttft_1024,
+                                             itl_alone=itl_alone, slo_ttft=slo.ttft.threshold,
+                                             slo_itl=slo.itl.threshold, logs=str(logs)), "traces": {}}
+    for trace in args.traces.split(","):
+        rows = {}
+        arms = [("colocated", c) for c in CHUNKS] + [("split", t) for t in THRESHOLDS[trace]]
+        for kind, knob in arms:
+            name = f"{kind}-{knob}"
+            arm = Arm(model, logs, name, kind, knob)
+            try:
+                rows[name] = {"kind": kind, "knob": knob, **goodput(arm, trace, list(RATES[trace]), args.requests, slo)}
+            finally:
+                arm.stop()
+        best_col = max((r for r in rows.values() if r["kind"] == "colocated"), key=lambda r: r["goodput"])
+        best_split = max((r for r in rows.values() if r["kind"] == "split"), key=lambda r: r["goodput"])
+        ratio = best_split["goodput"] / best_col["goodput"] if best_col["goodput"] else None
+        # auto falls back to colocated where the split does not pay: what it reaches is the better of the two, as
+        # chosen in hindsight here (the tuner choosing online is not built yet: docs/disaggregation.md)
+        auto = max(best_split["goodput"], best_col["goodput"])
+        result["traces"][trace] = {
+            "arms": rows, "best_colocated": f"colocated-{best_col['knob']}", "best_split": f"split-{best_split['knob']}",
+            "split_vs_best_colocated": ratio,
+            "auto_in_hindsight_vs_best_colocated": auto / best_col["goodput"] if best_col["goodput"] else None,
+            "split_ttft_phases": phases(best_split["metrics_at_goodput"])}
+        print(f"{trace}: best colocated {best_col['goodput']}/s (chunk {best_col['knob']}), best split "
+              f"{best_split['goodput']}/s (threshold {best_split['knob']}): "
+              + (f"{ratio:.2f}x" if ratio else "colocated met the SLOs at no rate"))
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(result["traces"]), figsize=(5 * len(result["traces"]), 3.5), squeeze=False)
+    for ax, (trace, t) in zip(axes[0], result["traces"].items()):
+        names = list(t["arms"])
+        ax.bar(names, [t["arms"][n]["goodput"] for n in names],
+               color=["tab:blue" if t["arms"][n]["kind"] == "colocated" else "tab:orange" for n in names])
+        ax.set_title(f"{trace}: goodput (req/s, >= 90 % within SLOs)")
+        ax.tick_params(axis="x", rotation=30)
+    save("disaggregation", result, fig)
+
+
+if __name__ == "__main__":
+    main()
