@@ -206,3 +206,36 @@ def test_nixl_reads_blocks_between_two_device_pools_and_the_checksums_agree():
     finally:
         src.close()
         dst.close()
+
+
+def test_a_knobs_push_moves_the_threshold_while_serving(pair):
+    """The threshold is a knob: a knobs file or an admin push with `disagg_threshold` moves it at once (as the
+    tuner will in mode auto), without it the start-up setting holds again."""
+    from chunkpilot.contract.knobs import SchedulerKnobs, dumps_knobs, parse_knobs
+
+    holder = pair.decode_llm.knobs
+    start = holder.get()
+
+    async def body(rig):
+        holder.set(parse_knobs(dumps_knobs(SchedulerKnobs(start.token_budget, start.max_chunk, 7, 10**6))))
+        await rig.generate(prompt(80, 21), GREEDY)
+        local = rig.metric("decode", KV_TRANSFERS, outcome="ok")
+        holder.set(SchedulerKnobs(start.token_budget, start.max_chunk, 8))
+        await rig.generate(prompt(80, 22), GREEDY)
+        await rig.settle()
+        return local, rig.metric("decode", KV_TRANSFERS, outcome="ok")
+
+    try:
+        assert pair.run(body) == (0, 1)
+    finally:
+        holder.set(start)
+
+
+def test_the_knobs_file_carries_the_threshold_only_when_set():
+    from chunkpilot.contract.knobs import SchedulerKnobs, dumps_knobs, parse_knobs
+
+    assert "disagg_threshold" not in dumps_knobs(SchedulerKnobs(64, 32, 1))
+    assert parse_knobs('{"token_budget": 64, "max_chunk": 32, "generation": 2, "disagg_threshold": 512}') \
+        == SchedulerKnobs(64, 32, 2, 512)
+    with pytest.raises(ValueError, match="disagg_threshold must be an integer >= 0"):
+        SchedulerKnobs(64, 32, 2, -1).validated()

@@ -1,6 +1,8 @@
 """The scheduler knobs, the knobs file and the admin push that carries the same content, the contract between whoever chooses the knobs (the operator's ConfigMap,
 the local tuner, the demo) and the engine that applies them: `{"token_budget": int, "max_chunk": int,
-"generation": int}`, its one validation, its one reader and its one writer. Torch-free: operator and tuner images
+"generation": int}`, and on a disaggregated decode engine optionally `"disagg_threshold": int` (the uncached prompt
+tokens above which it sends a prompt to a prefill pod; docs/disaggregation.md), its one validation, its one reader
+and its one writer. Torch-free: operator and tuner images
 carry this package, not the engine."""
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ class SchedulerKnobs:
     token_budget: int
     max_chunk: int
     generation: int = 0
+    # disaggregation: the decode engine's threshold, moved while it serves like the two numbers; None: the engine's
+    # start-up --disagg-threshold stays (and the file or push leaves the key out)
+    disagg_threshold: int | None = None
 
     @classmethod
     def of(cls, knobs: Knobs, generation: int = 0) -> "SchedulerKnobs":
@@ -57,10 +62,14 @@ class SchedulerKnobs:
             raise ValueError(f"token_budget must be <= {max_token_budget}, got {self.token_budget}")
         if self.generation < 0:
             raise ValueError(f"generation must be >= 0, got {self.generation}")
+        t = self.disagg_threshold
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 0):
+            raise ValueError(f"disagg_threshold must be an integer >= 0 (uncached prompt tokens), got {t!r}")
         return self
 
 
 FIELDS = ("token_budget", "max_chunk", "generation")
+OPTIONAL_FIELDS = ("disagg_threshold",)
 # The engine's admin endpoint (its own port): PUT a knobs file's content there to apply it at once, GET to read
 # what the engine runs; both answer with the knobs file's content. The operator pushes here (knobs_delivery.py).
 ADMIN_PATH = "/admin/knobs"
@@ -75,17 +84,20 @@ def parse_knobs(data: bytes | str) -> SchedulerKnobs:
     if not isinstance(obj, dict):
         raise ValueError(f"knobs file must hold a JSON object with {', '.join(FIELDS)}")
     missing = [f for f in FIELDS if f not in obj]
-    unknown = sorted(set(obj) - set(FIELDS))
+    unknown = sorted(set(obj) - set(FIELDS) - set(OPTIONAL_FIELDS))
     if missing:
         raise ValueError(f"knobs file lacks {', '.join(missing)}")
     if unknown:
-        raise ValueError(f"knobs file has unknown keys {', '.join(unknown)}; allowed: {', '.join(FIELDS)}")
-    return SchedulerKnobs(obj["token_budget"], obj["max_chunk"], obj["generation"])
+        raise ValueError(f"knobs file has unknown keys {', '.join(unknown)}; allowed: "
+                         f"{', '.join(FIELDS + OPTIONAL_FIELDS)}")
+    return SchedulerKnobs(obj["token_budget"], obj["max_chunk"], obj["generation"], obj.get("disagg_threshold"))
 
 
 def knobs_object(knobs: SchedulerKnobs) -> dict[str, int]:
-    """The file's content as a JSON object (the admin endpoint's answer)."""
-    return {f: getattr(knobs, f) for f in FIELDS}
+    """The file's content as a JSON object (the admin endpoint's answer); optional fields only when set."""
+    out = {f: getattr(knobs, f) for f in FIELDS}
+    out.update({f: getattr(knobs, f) for f in OPTIONAL_FIELDS if getattr(knobs, f) is not None})
+    return out
 
 
 def dumps_knobs(knobs: SchedulerKnobs) -> str:

@@ -38,5 +38,6 @@ class KnobHolder:
             token_budget=cur.token_budget if token_budget is None else token_budget,
             max_chunk=cur.max_chunk if max_chunk is None else max_chunk,
             generation=cur.generation + 1,
+            disagg_threshold=cur.disagg_threshold,
         )
         return self.set(new)

@@ -69,9 +69,12 @@ class RemotePrefill:
 
     # ---- 1. where the prompt is prefilled ---------------------------------------------------------------
     def route(self, seq: Sequence) -> Peer | None:
-        """The prefill pod for `seq`, or None: prefill here."""
+        """The prefill pod for `seq`, or None: prefill here. The threshold is the knobs' (pushed or from the knobs
+        file, as the tuner moves it) where they carry one, else the start-up setting."""
+        pushed = self.engine.knobs.get().disagg_threshold
+        threshold = self.threshold if pushed is None else pushed
         cached = self.engine.cached_prefix_tokens(seq)
-        if len(seq.prompt_token_ids) - cached <= self.threshold:
+        if len(seq.prompt_token_ids) - cached <= threshold:
             return None
         return self.peers.pick()
 

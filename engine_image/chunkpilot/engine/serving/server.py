@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chunkpilot.contract.engine_settings import KV_TRANSPORTS, ROLES
+from chunkpilot.contract.knobs import knobs_object
 from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
 from chunkpilot.engine.config import EngineConfig
@@ -314,7 +315,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
         if eng is None or not eng.alive or eng.draining:
             reason = state.load_error or ("draining" if eng and eng.draining else "loading" if eng is None else "step loop stopped")
             return JSONResponse({"status": "unavailable", "reason": reason}, 503)
-        return {"status": "ready", "model": settings.model_name, "knobs": eng.engine.knobs.get().__dict__}
+        return {"status": "ready", "model": settings.model_name, "knobs": knobs_object(eng.knobs.get())}
 
     @app.get("/metrics")
     async def metrics():
