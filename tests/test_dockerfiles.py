@@ -104,11 +104,28 @@ print("ok")
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
 
 
+# Imports a module of an image makes only when it runs, which importing the module does not reach (module, what it
+# imports, the distribution that brings it): each must be a dependency of the extra the image installs, and import.
+# tests/cluster/test_disaggregation.py imports nixl._api inside the engine image itself.
+LAZY_IMPORTS = {"engine_image": [("chunkpilot.engine.kv_transfer.nixl_transport", "nixl._api", "nixl")]}
+
+
+def _extra_requirements(dockerfile: Path) -> set[str]:
+    """The distribution names of the extra a Dockerfile installs (`pip install ".[engine]"`)."""
+    import re
+    import tomllib
+
+    (extra,) = re.findall(r'pip install [^"]*"\.\[([a-z]+)\]"', dockerfile.read_text())
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    return {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in deps}
+
+
 @pytest.mark.parametrize("part", ["engine_image", "operator", "tuner"])
 def test_every_module_an_image_carries_imports_from_what_the_image_carries(part, tmp_path):
     """Each image's file set (its Dockerfile's COPY lines) is whole: every module in it imports with the source tree
     off the path, and in the operator and tuner images without torch. A module that needs a folder its image does
-    not copy (a simulator importing the engine, in the tuner image) fails here."""
+    not copy (a simulator importing the engine, in the tuner image) fails here. What a module imports lazily
+    (LAZY_IMPORTS) comes with the image's extra and imports too."""
     import zipfile
 
     wheel = _built_from(ROOT / part / "Dockerfile", tmp_path)
@@ -116,6 +133,11 @@ def test_every_module_an_image_carries_imports_from_what_the_image_carries(part,
     modules = sorted(n[:-3].replace("/", ".").removesuffix(".__init__") for n in names
                      if n.startswith("chunkpilot/") and n.endswith(".py"))
     assert len(modules) > 10, names
+    lazy = LAZY_IMPORTS.get(part, [])
+    for module, imported, dist in lazy:
+        source = zipfile.ZipFile(wheel).read(module.replace(".", "/") + ".py").decode()
+        assert f"from {imported} import" in source, f"{module} no longer imports {imported}: update LAZY_IMPORTS"
+        assert dist in _extra_requirements(ROOT / part / "Dockerfile"), f"{dist} is not in the image's extra"
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     refuse = () if part == "engine_image" else ("torch", "transformers")
@@ -125,6 +147,11 @@ for name in {modules!r}:
     try:
         module = importlib.import_module(name)
         assert module.__file__.startswith("{site}"), module.__file__
+    except Exception as e:
+        failed.append(name + ": " + type(e).__name__ + ": " + str(e))
+for name in {[imported for _, imported, _ in lazy]!r}:  # from the environment the extra installed
+    try:
+        importlib.import_module(name)
     except Exception as e:
         failed.append(name + ": " + type(e).__name__ + ": " + str(e))
 print("FAILED", failed)
