@@ -51,7 +51,7 @@ def main() -> None:
     shape = (cfg.num_hidden_layers, 2, num_blocks * BLOCK, cfg.num_key_value_heads, cfg.head_dim)
     prefill_pool = torch.randn(shape, device=device).to(dtype)
     decode_pool = torch.zeros(shape, device=device, dtype=dtype)
-    prefill = NixlTransport("bench-prefill", prefill_pool, BLOCK)
+    prefill = NixlTransport("bench-prefill", prefill_pool, BLOCK, served=True)
     decode = NixlTransport("bench-decode", decode_pool, BLOCK)
     rows = []
     for tokens in sizes:
@@ -77,8 +77,7 @@ def main() -> None:
     ax.set_ylabel("ms")
     ax.set_title(f"Moving a prompt's KV blocks ({args.device}, {args.dtype})")
     ax.legend()
-    save("kv_transfer" if device.type == "cpu" else "kv_transfer_gpu",
-         {"conditions": conditions(device=args.device, dtype=args.dtype, model=cfg.model_type), "rows": rows}, fig)
+    save("kv_transfer", {"conditions": conditions(device=args.device, dtype=args.dtype, model=cfg.model_type), "rows": rows}, fig)
 
 
 if __name__ == "__main__":

@@ -194,7 +194,7 @@ def test_nixl_reads_blocks_between_two_device_pools_and_the_checksums_agree():
     shape = (4, 2, 64 * 16, 2, 64)
     src_pool = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     dst_pool = torch.zeros(shape, device="cuda", dtype=torch.bfloat16)
-    src, dst = NixlTransport("gpu-prefill", src_pool, 16), NixlTransport("gpu-decode", dst_pool, 16)
+    src, dst = NixlTransport("gpu-prefill", src_pool, 16, served=True), NixlTransport("gpu-decode", dst_pool, 16)
     try:
         moved = dst.read(src.name, src.metadata, src.layout, [3, 5, 7], [10, 11, 12], 30.0)
         torch.cuda.synchronize()
@@ -239,3 +239,16 @@ def test_the_knobs_file_carries_the_threshold_only_when_set():
         == SchedulerKnobs(64, 32, 2, 512)
     with pytest.raises(ValueError, match="disagg_threshold must be an integer >= 0"):
         SchedulerKnobs(64, 32, 2, -1).validated()
+
+
+def test_a_draining_prefill_pod_stops_answering_the_load_poll(pair):
+    """On SIGTERM a prefill pod answers GET /kv/load with 503, so decode pods drop it at their next poll."""
+    async def body(rig):
+        ok = (await rig.client.get("/kv/load")).status_code
+        rig.prefill.draining = True
+        try:
+            return ok, (await rig.client.get("/kv/load")).status_code
+        finally:
+            rig.prefill.draining = False
+
+    assert pair.run(body) == (200, 503)

@@ -5,6 +5,7 @@ loses none of them; the decode pod's pool returns to empty."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -72,6 +73,21 @@ def test_streams_through_a_decode_pod_equal_colocated_and_move_blocks_by_nixl(se
     # the leases were released on acknowledgement, not left to expire
     assert wait_for(lambda: prefill.metrics()[names.KV_LEASES_HELD] == 0, timeout=5)
     assert wait_for(lambda: decode.metrics()[names.KV_CACHE_USAGE] == 0, timeout=5)
+
+
+def test_idle_engines_spin_no_core(servers):
+    """NIXL's progress thread loops without pause unless paced: a decode pod pinned to one core lost two thirds of
+    it (nixl_transport.py). Idle, each engine uses a small share of a core (a spinning thread: a whole one, or at
+    least half of one with the suite's two workers sharing two cores)."""
+    def cpu_seconds(pid: int) -> float:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    for srv in servers:
+        before, t0 = cpu_seconds(srv.proc.pid), time.monotonic()
+        time.sleep(2.0)  # measuring a rate over an interval, not waiting for a state
+        share = (cpu_seconds(srv.proc.pid) - before) / (time.monotonic() - t0)
+        assert share < 0.3, (srv.log(), share)
 
 
 def test_a_prefill_process_killed_under_load_loses_no_request(servers, offline):

@@ -7,10 +7,11 @@ import torch
 from chunkpilot.engine.kv_transfer.transport import KVTransport
 
 
-def make_transport(kind: str, name: str, pool: torch.Tensor, block_size: int) -> KVTransport:
-    """The transport `--kv-transport` names, with the pool registered."""
+def make_transport(kind: str, name: str, pool: torch.Tensor, block_size: int, *, served: bool) -> KVTransport:
+    """The transport `--kv-transport` names, with the pool registered; `served`: other processes read from it (the
+    prefill role)."""
     if kind == "nixl":
         from chunkpilot.engine.kv_transfer.nixl_transport import NixlTransport
 
-        return NixlTransport(name, pool, block_size)
+        return NixlTransport(name, pool, block_size, served=served)
     raise ValueError(f"unknown KV transport {kind!r} (known: nixl)")

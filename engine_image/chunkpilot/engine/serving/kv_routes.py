@@ -60,6 +60,8 @@ def add_kv_routes(app: FastAPI, side, salt_of) -> None:
     @app.get("/kv/load")
     async def load() -> PeerLoad:
         s = ready()
+        if s.engine.draining:  # shutting down: decode pods stop choosing it at their next poll
+            raise unavailable("this prefill pod is draining for shutdown")
         return PeerLoad(num_waiting=s.engine.num_waiting, num_running=s.engine.num_running, agent=s.transport.name,
                         fingerprint=s.fingerprint)
 

@@ -144,7 +144,8 @@ class ServerState:
             engine = AsyncEngine(llm_engine, metrics, max_waiting=s.max_waiting, retry_after=s.retry_after_seconds,
                                  remote=self.remote)
             if s.role == "prefill":
-                transport = make_transport(s.kv_transport, "prefill", llm_engine.kv_pool, s.engine.block_size)
+                transport = make_transport(s.kv_transport, "prefill", llm_engine.kv_pool, s.engine.block_size,
+                                           served=True)
                 self.prefill_side = PrefillSide(engine, transport, llm_engine.kv_fingerprint(), s.kv_lease_seconds)
             if s.knobs_file:
                 self.watcher = KnobsFileWatcher(
@@ -174,7 +175,7 @@ class ServerState:
         client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
         peers = PrefillPeers(s.prefill_peers, client, fingerprint=fp, max_waiting=s.prefill_max_waiting,
                              headers=headers, on_refresh=metrics.prefill_peers_ready.set)
-        transport = make_transport(s.kv_transport, "decode", llm_engine.kv_pool, s.engine.block_size)
+        transport = make_transport(s.kv_transport, "decode", llm_engine.kv_pool, s.engine.block_size, served=False)
         return RemotePrefill(llm_engine, transport, peers, client, threshold=s.disagg_threshold, fingerprint=fp,
                              headers=headers)
 
@@ -492,7 +493,13 @@ def serve(settings: ServerSettings, host: str = "0.0.0.0", port: int = 8000, log
             try:
                 log.info("SIGTERM: draining %d requests for up to %.0f s", engine.num_in_flight,
                          settings.grace_period)
+                started = time.monotonic()
                 await engine.drain(settings.grace_period)
+                # a prefill pod: the decode pods still reading blocks it holds get what is left of the grace period
+                # to finish and release them (a lease that expires first is theirs to fall back from)
+                side = state.prefill_side
+                while side is not None and len(side.leases) and time.monotonic() < started + settings.grace_period:
+                    await asyncio.sleep(0.05)
                 deadline = time.monotonic() + FLUSH_SECONDS
                 while engine.num_in_flight and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
