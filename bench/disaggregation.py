@@ -187,7 +187,7 @@ def main() -> None:
             "split_ttft_phases": phases(best_split["metrics_at_goodput"])}
         print(f"{trace}: best colocated {best_col['goodput']}/s (chunk {best_col['knob']}), best split "
               f"{best_split['goodput']}/s (threshold {best_split['knob']}): "
-              + (f"{ratio:.2f}x" if ratio else "colocated met the SLOs at no rate"))
+              + (f"{ratio:.2f}x" if ratio is not None else "colocated met the SLOs at no rate"))
     plt = pyplot()
     fig, axes = plt.subplots(1, len(result["traces"]), figsize=(5 * len(result["traces"]), 3.5), squeeze=False)
     for ax, (trace, t) in zip(axes[0], result["traces"].items()):

@@ -458,6 +458,41 @@ def speculative(d: dict) -> list[str]:
     return out + ["", "; ".join(notes) + "."]
 
 
+def kv_transfer(d: dict) -> list[str]:
+    rows = [[str(r["tokens"]), f"{r['bytes'] / 2**20:.1f}", f"{r['nixl_s'] * 1000:.1f} ({r['nixl_gbps']:.2f} GB/s)",
+             f"{r['checksum_s'] * 1000:.1f}", f"{r['copy_s'] * 1000:.1f}"] for r in d["rows"]]
+    return table(["prompt tokens", "MiB", "NIXL read, ms", "checksums, ms", "local copy, ms"], rows)
+
+
+def disaggregation(d: dict) -> list[str]:
+    c = d["conditions"]
+    out = [f"SLOs from this machine's speed: TTFT ≤ {c['slo_ttft']:.1f} s (a lone 1024-token prompt: "
+           f"{c['ttft_1024']:.2f} s), each request's p99 ITL ≤ {c['slo_itl'] * 1000:.0f} ms (a lone decode: "
+           f"{c['itl_alone'] * 1000:.0f} ms per token); goodput: the highest rate with ≥ 90 % of requests within "
+           "both.", ""]
+    for trace, t in d["traces"].items():
+        rows = [[name, a["kind"], str(a["knob"]), f"{a['goodput']:g}/s",
+                 ", ".join(f"{r['rate']:g}/s: {pct(r['within_slo'])}" for r in a["ladder"])]
+                for name, a in t["arms"].items()]
+        out += [f"**{trace}**", ""] + table(["arm", "kind", "chunk or threshold", "goodput", "within SLOs by rate"],
+                                           rows)
+        ratio, auto = t["split_vs_best_colocated"], t["auto_in_hindsight_vs_best_colocated"]
+        target = ("split ≥ 1.2× the best colocated" if trace == "prefill_heavy"
+                  else "auto (the better of the two, chosen in hindsight here) ≥ 0.97×")
+        value = ratio if trace == "prefill_heavy" else auto
+        out += ["", f"{trace}: split {times(ratio) if ratio is not None else 'n/a (colocated met the SLOs at no rate)'} "
+                    f"the best colocated; target {target}: "
+                    + (verdict(value >= (1.2 if trace == "prefill_heavy" else 0.97)) if value is not None
+                       else "not measured") + ".", ""]
+        ph = t.get("split_ttft_phases") or {}
+        if ph.get("remote_prefill"):
+            out += [f"The split's TTFT at its goodput rate, by phase (mean): queue {ph['queue']:.2f} s, remote prefill "
+                    f"{ph['remote_prefill']:.2f} s, transfer {ph['transfer']:.3f} s (its share of the prefill "
+                    f"{pct(ph.get('transfer_share_of_prefill'))}); {ph['transfers_ok']:g} transfers, "
+                    f"{ph['fallbacks']:g} local fallbacks.", ""]
+    return out
+
+
 @dataclass(frozen=True)
 class Section:
     name: str  # bench/results/NAME.json (and NAME.png)
@@ -482,6 +517,9 @@ SECTIONS = (
             "python bench/autoscale.py --seeds 3", autoscale),
     Section("quantization", "Weight-only quantization", "python bench/quantization.py", quantization),
     Section("speculative", "Speculative decoding (n-gram drafts)", "python bench/speculative.py", speculative),
+    Section("kv_transfer", "Moving a prompt's KV blocks (NIXL)", "python bench/kv_transfer.py", kv_transfer),
+    Section("disaggregation", "Prefill/decode disaggregation against the best colocated knobs",
+            "python bench/disaggregation.py --itl-x 3", disaggregation),
     Section("predictor_vs_sim", "The step-time predictor against the simulator", "python bench/predictor_vs_sim.py",
             predictor_vs_sim),
     Section("sim_accuracy", "The simulator against the real server", "python bench/sim_accuracy.py", sim_accuracy),
