@@ -51,7 +51,7 @@ def main() -> None:
     shape = (cfg.num_hidden_layers, 2, num_blocks * BLOCK, cfg.num_key_value_heads, cfg.head_dim)
     prefill_pool = torch.randn(shape, device=device).to(dtype)
     decode_pool = torch.zeros(shape, device=device, dtype=dtype)
-    prefill = NixlTransport("bench-prefill", prefill_pool, BLOCK, served=True)
+    prefill = NixlTransport("bench-prefill", prefill_pool, BLOCK)
     decode = NixlTransport("bench-decode", decode_pool, BLOCK)
     rows = []
     for tokens in sizes:

@@ -28,6 +28,10 @@ echo "== controllers_scale (the operator and the tuner on a real API server with
 "$PY" bench/controllers_scale.py
 echo "== quantization (float32, int8, int4 side by side; llama.cpp where llama-cpp-python is installed)"
 "$PY" bench/quantization.py
+echo "== moving a prompt's KV blocks (NIXL read, checksums, local copy)"
+"$PY" bench/kv_transfer.py
+echo "== prefill/decode disaggregation against the best colocated knobs (goodput, SLOs from this machine's speed)"
+"$PY" bench/disaggregation.py --itl-x 3
 echo "== speculative decoding (n-gram drafts on and off, batch 1 and 8, outputs that repeat the prompt and ones that do not)"
 "$PY" bench/speculative.py
 echo "== demo_runs (three demos in a row)"

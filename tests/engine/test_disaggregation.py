@@ -194,7 +194,7 @@ def test_nixl_reads_blocks_between_two_device_pools_and_the_checksums_agree():
     shape = (4, 2, 64 * 16, 2, 64)
     src_pool = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     dst_pool = torch.zeros(shape, device="cuda", dtype=torch.bfloat16)
-    src, dst = NixlTransport("gpu-prefill", src_pool, 16, served=True), NixlTransport("gpu-decode", dst_pool, 16)
+    src, dst = NixlTransport("gpu-prefill", src_pool, 16), NixlTransport("gpu-decode", dst_pool, 16)
     try:
         moved = dst.read(src.name, src.metadata, src.layout, [3, 5, 7], [10, 11, 12], 30.0)
         torch.cuda.synchronize()

@@ -66,9 +66,9 @@ def _run(folder: Path, tp: int, prompts=PROMPTS, max_tokens: int = 6, **settings
     seen: list[torch.Tensor] = []
     real = llm.engine.sampler.sample
 
-    def spy(logits, ids, params):
+    def spy(logits, ids, params, positions=None):
         seen.append(logits.clone())
-        return real(logits, ids, params)
+        return real(logits, ids, params, positions)
 
     llm.engine.sampler.sample = spy
     try:

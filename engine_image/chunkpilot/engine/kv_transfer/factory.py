@@ -7,11 +7,10 @@ import torch
 from chunkpilot.engine.kv_transfer.transport import KVTransport
 
 
-def make_transport(kind: str, name: str, pool: torch.Tensor, block_size: int, *, served: bool) -> KVTransport:
-    """The transport `--kv-transport` names, with the pool registered; `served`: other processes read from it (the
-    prefill role)."""
+def make_transport(kind: str, name: str, pool: torch.Tensor, block_size: int) -> KVTransport:
+    """The transport `--kv-transport` names, with the pool registered."""
     if kind == "nixl":
         from chunkpilot.engine.kv_transfer.nixl_transport import NixlTransport
 
-        return NixlTransport(name, pool, block_size, served=served)
+        return NixlTransport(name, pool, block_size)
     raise ValueError(f"unknown KV transport {kind!r} (known: nixl)")

@@ -19,19 +19,19 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.0002  # between state checks of a posted read: a block moves in well under a millisecond
 # NIXL's progress thread loops with no pause by default (its Python API fixes the delay at 0): a whole core spun on
 # every pod, which on a decode pod pinned to one core tripled the inter-token latency (measured: 75 ms alone, 210 ms
-# beside the spinning thread). A reader needs no such thread (it polls its own reads); the side that is read from
-# does over TCP (UCX serves remote reads there as messages, which someone must progress), and a pause of 1 ms
-# between rounds costs it 8 % of a core instead of 100 % at the same read times (45-50 ms for 45 MiB, measured).
+# beside the spinning thread). The side that is read from needs the thread over TCP (UCX serves remote reads there as
+# messages, which someone must progress: without it reads hang); a reader kept it too, because a reader without it
+# lost its pod when its prefill pod was killed mid-read on the real cluster. A pause of 1 ms between rounds costs 8 %
+# of a core instead of 100 %, at the same read times (45-50 ms for 45 MiB, measured).
 PROGRESS_DELAY_US = 1000
 _construct = threading.Lock()
 
 
 class NixlTransport(KVTransport):
-    def __init__(self, name_prefix: str, pool, block_size: int, *, served: bool = False) -> None:
-        """`served`: other processes read from this pool (the prefill role): run NIXL's progress thread, paced."""
+    def __init__(self, name_prefix: str, pool, block_size: int) -> None:
         # unique per process start: a restarted prefill pod is a new agent, and readers fetch its metadata again
         super().__init__(f"{name_prefix}-{uuid.uuid4().hex[:12]}", pool, block_size)
-        self._agent = _agent(self.name, served)
+        self._agent = _paced_agent(self.name)
         if "UCX" not in self._agent.backends:
             raise RuntimeError("NIXL has no UCX backend here: the nixl wheel's UCX plug-in failed to load")
         self._mem = "VRAM" if pool.device.type == "cuda" else "DRAM"
@@ -106,25 +106,23 @@ class NixlTransport(KVTransport):
             pass
 
 
-def _agent(name: str, progress_thread: bool):
-    import nixl._api as api
+def _paced_agent(name: str):
+    from nixl._api import nixl_agent, nixl_agent_config, nixlBind
 
-    config = api.nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"])
-    if not progress_thread:
-        return api.nixl_agent(name, config)
+    config = nixl_agent_config(enable_prog_thread=True, backends=["UCX"])
     # the wrapper builds the binding's config and sets its thread delay to 0 itself: hand it one with ours instead
     with _construct:
-        make = api.nixlBind.nixlAgent
+        make = nixlBind.nixlAgent
 
         def paced(agent_name, agent_config):
             agent_config.pthrDelay = PROGRESS_DELAY_US
             return make(agent_name, agent_config)
 
-        api.nixlBind.nixlAgent = paced
+        nixlBind.nixlAgent = paced
         try:
-            return api.nixl_agent(name, config)
+            return nixl_agent(name, config)
         finally:
-            api.nixlBind.nixlAgent = make
+            nixlBind.nixlAgent = make
 
 
 def _descs(regions, device: int) -> np.ndarray:

@@ -53,11 +53,12 @@ def add_kv_routes(app: FastAPI, side, salt_of) -> None:
     def ready() -> PrefillSide:
         s = side()
         if s is None:
-            raise unavailable("this engine serves no prefill role (or is still loading): /kv/* is served by "
-                              "engines started with --role prefill")
+            raise ApiError(404, "this engine serves no prefill role (or is still loading): /kv/* is served by "
+                                "engines started with --role prefill", "not_found_error", code=404)
         return s
 
-    @app.get("/kv/load")
+    # pod-to-pod endpoints: kept out of the public OpenAPI schema (clients never call them)
+    @app.get("/kv/load", include_in_schema=False)
     async def load() -> PeerLoad:
         s = ready()
         if s.engine.draining:  # shutting down: decode pods stop choosing it at their next poll
@@ -65,11 +66,11 @@ def add_kv_routes(app: FastAPI, side, salt_of) -> None:
         return PeerLoad(num_waiting=s.engine.num_waiting, num_running=s.engine.num_running, agent=s.transport.name,
                         fingerprint=s.fingerprint)
 
-    @app.get("/kv/agent")
+    @app.get("/kv/agent", include_in_schema=False)
     async def agent():
         return Response(ready().transport.metadata(), media_type="application/octet-stream")
 
-    @app.post("/kv/prefill")
+    @app.post("/kv/prefill", include_in_schema=False)
     async def prefill(body: PrefillRequest, request: Request) -> KVOffer:
         s = ready()
         if body.fingerprint != s.fingerprint:
@@ -107,7 +108,7 @@ def add_kv_routes(app: FastAPI, side, salt_of) -> None:
                        lease_seconds=s.lease_seconds,
                        prefill_seconds=asyncio.get_running_loop().time() - started)
 
-    @app.post("/kv/release")
+    @app.post("/kv/release", include_in_schema=False)
     async def release(body: Release) -> ReleaseReply:
         s = ready()
         blocks = s.leases.settle(body.transfer_id)

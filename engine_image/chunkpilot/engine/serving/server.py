@@ -144,8 +144,7 @@ class ServerState:
             engine = AsyncEngine(llm_engine, metrics, max_waiting=s.max_waiting, retry_after=s.retry_after_seconds,
                                  remote=self.remote)
             if s.role == "prefill":
-                transport = make_transport(s.kv_transport, "prefill", llm_engine.kv_pool, s.engine.block_size,
-                                           served=True)
+                transport = make_transport(s.kv_transport, "prefill", llm_engine.kv_pool, s.engine.block_size)
                 self.prefill_side = PrefillSide(engine, transport, llm_engine.kv_fingerprint(), s.kv_lease_seconds)
             if s.knobs_file:
                 self.watcher = KnobsFileWatcher(
@@ -175,7 +174,7 @@ class ServerState:
         client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
         peers = PrefillPeers(s.prefill_peers, client, fingerprint=fp, max_waiting=s.prefill_max_waiting,
                              headers=headers, on_refresh=metrics.prefill_peers_ready.set)
-        transport = make_transport(s.kv_transport, "decode", llm_engine.kv_pool, s.engine.block_size, served=False)
+        transport = make_transport(s.kv_transport, "decode", llm_engine.kv_pool, s.engine.block_size)
         return RemotePrefill(llm_engine, transport, peers, client, threshold=s.disagg_threshold, fingerprint=fp,
                              headers=headers)
 
