@@ -252,3 +252,94 @@ def test_a_draining_prefill_pod_stops_answering_the_load_poll(pair):
             rig.prefill.draining = False
 
     assert pair.run(body) == (200, 503)
+
+
+class Gated(InProcessTransport):
+    """A read that waits for the test to open the gate, saying when it started."""
+
+    reading = None
+    gate = None
+
+    def read(self, *args, **kw):
+        Gated.reading.set()
+        assert Gated.gate.wait(30), "the test never opened the gate"
+        return super().read(*args, **kw)
+
+
+@pytest.mark.parametrize("with_kv", [False, True], ids=["early", "with-kv"])
+def test_the_first_token_leaves_at_once_or_with_the_blocks(pair, with_kv):
+    """--first-token early: the client has the first token while the blocks are still being read; with-kv: not
+    until they are here (the first inter-token gap is then a decode step, not the pull). Same answer either way."""
+    import threading
+
+    want = colocated(pair, [prompt(90, 21)], GREEDY)
+    base = pair.free_blocks()
+    Gated.reading, Gated.gate = threading.Event(), threading.Event()
+
+    async def body(rig):
+        rig.remote.first_token_with_kv = with_kv
+        tokens: list[int] = []
+
+        async def consume():
+            async for out in rig.decode.generate("gated", prompt(90, 21), GREEDY):
+                tokens.extend(out.new_token_ids)
+
+        task = asyncio.ensure_future(consume())
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, Gated.reading.wait, 30), "the pull never started"
+        if with_kv:
+            await asyncio.sleep(0.2)  # room for a wrongly early token to arrive; the right code cannot send one
+            seen = len(tokens)
+        else:
+            for _ in range(250):  # it is on its way (delivered before the read began)
+                if tokens:
+                    break
+                await asyncio.sleep(0.02)
+            seen = len(tokens)
+        Gated.gate.set()
+        await task
+        await rig.settle()
+        return seen, tokens, rig
+
+    seen, tokens, rig = pair.run(body, transport_cls=Gated)
+    assert seen == (0 if with_kv else 1)
+    assert (tokens, "length") == want[0]
+    assert rig.metric("decode", KV_TRANSFERS, outcome="ok") == 1
+    assert pair.free_blocks() == base
+
+
+def test_with_kv_a_failed_pull_still_sends_the_first_token_first(pair):
+    """with-kv holds the first token for the blocks; a pull that fails (a corrupted block) sends it before the
+    local prefill goes on from it: the same answer, and the block counts back at baseline."""
+    want = colocated(pair, [prompt(90, 22)], GREEDY)
+    base = pair.free_blocks()
+
+    async def body(rig):
+        rig.remote.first_token_with_kv = True
+        got = await rig.generate(prompt(90, 22), GREEDY)
+        await rig.settle()
+        return got, rig
+
+    got, rig = pair.run(body, transport_cls=Corrupting)
+    assert [got] == want
+    assert fallback_count(rig, "checksum") == 1
+    assert pair.free_blocks() == base
+
+
+def test_an_idle_decode_loop_is_woken_for_the_pulled_blocks(pair):
+    """The reservation of blocks for a pull is queued for the step loop; an idle loop must be woken for it, not
+    find it at its next heartbeat (0.5 s, inside the request's first inter-token gap: more than a tight ITL SLO).
+    With the heartbeat stretched to a minute, a lone remote request ends only if the pull wakes the loop."""
+    want = colocated(pair, [prompt(90, 23)], GREEDY)
+
+    async def body(rig):
+        rig.decode.idle_poll = 60.0
+        rig.decode._wake.set()  # leave the current wait, so the next one is the long one
+        got = await asyncio.wait_for(rig.generate(prompt(90, 23), GREEDY), 30)
+        rig.decode.idle_poll = 0.5
+        await rig.settle()
+        return got, rig
+
+    got, rig = pair.run(body)
+    assert [got] == want
+    assert rig.metric("decode", KV_TRANSFERS, outcome="ok") == 1

@@ -41,6 +41,8 @@ PROMPT_LOOKUP = (1, 4)  # the n-gram lookup's shortest and longest context (vLLM
 # blocks it computed for LEASE_SECONDS at most, until the decode pod acknowledges them.
 ROLES = ("both", "prefill", "decode")
 KV_TRANSPORTS = ("nixl",)
+# When a decode engine sends the first token of a prompt a prefill pod computed: at once, or once the blocks are here
+FIRST_TOKEN_MODES = ("early", "with-kv")
 DISAGG_THRESHOLD = 256
 KV_LEASE_SECONDS = 10.0
 PREFILL_MAX_WAITING = 8
@@ -176,6 +178,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kv_lease_seconds", float, KV_LEASE_SECONDS, "Prefill role: seconds a prefill pod holds the blocks of "
             "a prompt it computed for the decode pod that asked; released earlier on acknowledgement or abort.",
             "server", operator=True),
+    Setting("first_token", str, FIRST_TOKEN_MODES[0], "Decode role: when the first token of a prompt a prefill pod "
+            "computed goes to the client. early: as soon as the prefill pod has it (the lowest TTFT; the gap to the "
+            "second token then holds the pull of the blocks) | with-kv: once the blocks are here, as vLLM's and "
+            "llm-d's decode pods send it (TTFT holds the pull, the first gap is one decode step): for a tight ITL "
+            "SLO with TTFT to spare.", "server"),
     Setting("prefill_max_waiting", int, PREFILL_MAX_WAITING, "A prefill pod with more requests waiting than this "
             "is saturated: decode engines prefill locally instead of queueing behind it.", "server"),
     Setting("seed", int, 0, "Seed for requests without their own.", "engine"),

@@ -52,6 +52,9 @@ PREPARE_WORKERS = 2
 
 
 class AsyncEngine:
+    # an idle step loop comes round this often (its heartbeat); work queued for it must set _wake, or it waits
+    idle_poll = 0.5
+
     def __init__(self, engine: LLMEngine, metrics: EngineMetrics, *, max_waiting: int = 256, retry_after: int = 1,
                  remote: RemotePrefill | None = None) -> None:
         """`remote`: a decode (or both) engine's way to prefill long prompts on prefill pods (kv_transfer/)."""
@@ -220,17 +223,26 @@ class AsyncEngine:
         t1 = time.monotonic()
         m.ttft_phase("remote_prefill").observe(t1 - t0)
         out, detok = self.engine.first_output(seq, offer.first_token, offer.logprob)
-        self._deliver(out, t1)
+        # early: the client has the first token now, and the gap to the second holds the pull; with-kv: it waits
+        # for the blocks, so that gap is one decode step (a tight ITL SLO's choice). A request that ends here, or
+        # whose client left or engine closes, gets it now: no pull follows.
+        held = None
+        if remote.first_token_with_kv and not (out.finished or live.abandoned or self._closing):
+            held = out
+        else:
+            self._deliver(out, t1)
         if out.finished or live.abandoned or self._closing:
             await remote.release(peer, offer)
             if not out.finished:
                 self._end_unfinished(live)
             return
         try:
-            nbytes = await remote.pull(peer, seq, offer)
+            nbytes = await remote.pull(peer, seq, offer, wake=self._wake.set)
         except PullFailed as e:
             log.warning("pulling the KV blocks of %s failed, prefilling here (%s)", seq.request_id, e)
             m.kv_failed.inc()
+            if held is not None:  # the local prefill goes on from the first token: the client gets it first
+                self._deliver(held, time.monotonic())
             return self._prefill_here(live, e.reason, detok)
         t2 = time.monotonic()
         m.ttft_phase("transfer").observe(t2 - t1)
@@ -238,6 +250,8 @@ class AsyncEngine:
         m.kv_xfer_bytes.observe(nbytes)
         m.kv_transfer_bytes.inc(nbytes)
         m.kv_transfer("ok").inc()
+        if held is not None:  # before the blocks join the batch, so it precedes every token the steps make
+            self._deliver(held, t2)
         if live.abandoned or self._closing:
             self.engine.cancel_reserved(seq)
             self._wake.set()
@@ -291,7 +305,7 @@ class AsyncEngine:
                 self._wake.clear()
                 if not self.engine.has_unfinished():
                     self._publish_state(self.engine.stats())
-                    self._wake.wait(0.5)
+                    self._wake.wait(self.idle_poll)
                     continue
                 started = time.monotonic()
                 outputs = self.engine.step()

@@ -48,9 +48,11 @@ class PullFailed(Exception):
 
 class RemotePrefill:
     def __init__(self, engine, transport: KVTransport, peers: PrefillPeers, client: httpx.AsyncClient, *,
-                 threshold: int, fingerprint: str, timeout: float = 30.0, headers: dict[str, str] | None = None) -> None:
+                 threshold: int, fingerprint: str, timeout: float = 30.0, headers: dict[str, str] | None = None,
+                 first_token_with_kv: bool = False) -> None:
         """`engine`: the LLMEngine (its disaggregation methods); `headers`: this pod's own credentials for the
-        prefill pods' /kv/release and /kv/agent (the prefill call itself carries the client's)."""
+        prefill pods' /kv/release and /kv/agent (the prefill call itself carries the client's);
+        `first_token_with_kv`: the first token waits until the blocks joined the batch here (--first-token)."""
         self.engine = engine
         self.transport = transport
         self.peers = peers
@@ -59,6 +61,7 @@ class RemotePrefill:
         self.fingerprint = fingerprint
         self.timeout = timeout
         self.headers = headers or {}
+        self.first_token_with_kv = first_token_with_kv
         self.block_size = transport.block_size
         # reads and checksums block a thread for milliseconds; two at a time is what two cores can use
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="kv-pull")
@@ -113,11 +116,15 @@ class RemotePrefill:
         return offer
 
     # ---- 3. the pull ------------------------------------------------------------------------------------
-    async def pull(self, peer: Peer, seq: Sequence, offer: KVOffer) -> int:
+    async def pull(self, peer: Peer, seq: Sequence, offer: KVOffer, wake=lambda: None) -> int:
         """Fill blocks reserved for `seq` with the offer's K/V, verified, and release the lease. Returns the bytes
-        moved; raises PullFailed after giving back whatever it reserved (but blocks a read may still write)."""
+        moved; raises PullFailed after giving back whatever it reserved (but blocks a read may still write).
+        `wake`: wakes the step loop, which applies the reservation (an idle loop would otherwise find it only at
+        its next 0.5 s poll, and that wait would land in the request's first inter-token gap)."""
         try:
-            reserved = await asyncio.wrap_future(self.engine.reserve_prefilled(seq))
+            reservation = self.engine.reserve_prefilled(seq)
+            wake()
+            reserved = await asyncio.wrap_future(reservation)
         except BaseException:
             await self.release(peer, offer)
             raise

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chunkpilot.contract.engine_settings import KV_TRANSPORTS, ROLES
+from chunkpilot.contract.engine_settings import FIRST_TOKEN_MODES, KV_TRANSPORTS, ROLES
 from chunkpilot.contract.knobs import knobs_object
 from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
@@ -81,6 +81,7 @@ class ServerSettings:
     kv_transport: str = setting_default("kv_transport")
     kv_lease_seconds: float = setting_default("kv_lease_seconds")
     prefill_max_waiting: int = setting_default("prefill_max_waiting")
+    first_token: str = setting_default("first_token")
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,6 +93,8 @@ class ServerSettings:
             raise ValueError(f"max-request-bytes must be >= 1024, got {self.max_request_bytes}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.first_token not in FIRST_TOKEN_MODES:
+            raise ValueError(f"first-token must be one of {', '.join(FIRST_TOKEN_MODES)}, got {self.first_token!r}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
         if self.role == "decode" and not self.prefill_peers:
@@ -176,7 +179,7 @@ class ServerState:
                              headers=headers, on_refresh=metrics.prefill_peers_ready.set)
         transport = make_transport(s.kv_transport, "decode", llm_engine.kv_pool, s.engine.block_size)
         return RemotePrefill(llm_engine, transport, peers, client, threshold=s.disagg_threshold, fingerprint=fp,
-                             headers=headers)
+                             headers=headers, first_token_with_kv=s.first_token == "with-kv")
 
     async def run_disaggregation(self) -> None:
         """After the model loaded: poll the prefill pods (decode side), sweep expired leases (prefill side)."""
