@@ -7,7 +7,9 @@ Goodput: the highest request rate (of a ladder) at which >= 90 % of requests mee
 own p99 inter-token gap). Traces: prefill-heavy with a tight ITL (prompts 512-1024 tokens, outputs 32-64) and chat
 (prompts 16-128, outputs 16-64). Issue 53's targets: the split >= 1.2x the best colocated goodput on the first;
 on chat, `auto` (which falls back to colocated where the split does not pay) >= 0.97x. Also the split's TTFT by
-phase (queue, remote prefill, transfer) and the transfer's share of the prefill, at its goodput rate.
+phase (queue, remote prefill, transfer) and the transfer's share of the prefill, at its goodput rate; at every rate,
+which SLO the misses broke and the first inter-token gap apart from the later ones. The split runs with each
+--first-token (early: the first token before the pull; with-kv: after it).
 
     python bench/disaggregation.py [--requests 12] [--ttft-x 5] [--itl-x 2]
 
@@ -28,6 +30,7 @@ import httpx
 import numpy as np
 from common import conditions, model_dir, pyplot, save
 
+from chunkpilot.contract.engine_settings import FIRST_TOKEN_MODES
 from chunkpilot.contract.metric_names import KV_FALLBACKS, KV_TRANSFERS, TTFT_PHASE
 from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.demo.engines import EngineProcess
@@ -62,7 +65,7 @@ def requests(trace: str, rate: float, n: int, seed: int) -> list[RequestSpec]:
 class Arm:
     """Two engines on cores 0 and 1, and where the clients send."""
 
-    def __init__(self, model: str, logs: Path, name: str, kind: str, knob: int) -> None:
+    def __init__(self, model: str, logs: Path, name: str, kind: str, knob: int, first_token: str = "early") -> None:
         self.name, self.kind, self.knob = name, kind, knob
         if kind == "colocated":  # knob: the chunk (and budget = chunk + max_num_seqs)
             knobs = ("--max-chunk", str(knob), "--token-budget", str(knob + 16))
@@ -74,7 +77,7 @@ class Arm:
             prefill.wait_ready()
             decode = EngineProcess(model, f"{name}-d", logs, *COMMON, "--role", "decode", "--prefill-peers",
                                    f"127.0.0.1:{prefill.port}", "--disagg-threshold", str(knob), "--max-chunk", "64",
-                                   "--token-budget", "80", cores={1})
+                                   "--token-budget", "80", "--first-token", first_token, cores={1})
             self.engines = [prefill, decode]
             self.targets = [decode]
         for e in self.engines:
@@ -113,12 +116,34 @@ def goodput(arm: Arm, trace: str, rates: list[float], n: int, slo: SLOTargets) -
         share = sum(meets(r, slo) for r in records) / len(records)
         errors = sum(1 for r in records if r.error)
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-        ladder.append({"rate": rate, "within_slo": share, "errors": errors})
-        print(f"  {arm.name:>14} {trace:>13} rate {rate:5.2f}/s: {share:5.0%} within SLOs, {errors} errors")
+        why = misses(records, slo)
+        ladder.append({"rate": rate, "within_slo": share, "errors": errors, **why})
+        print(f"  {arm.name:>14} {trace:>13} rate {rate:5.2f}/s: {share:5.0%} within SLOs, {errors} errors; "
+              f"missed TTFT {why['missed_ttft']}, ITL {why['missed_itl']}; first gap p50 "
+              f"{_ms(why['first_gap_p50'])}, later gaps p99 {_ms(why['later_gap_p99'])}")
         if share < 0.9:
             break
         best, at_best = rate, delta
     return {"goodput": best, "ladder": ladder, "metrics_at_goodput": at_best}
+
+
+def misses(records: list, slo: SLOTargets) -> dict:
+    """Which SLO the requests that missed broke (a request may break both), and the first inter-token gap apart
+    from the later ones: on a split decode pod the first gap holds the blocks' pull and admission, while the rest
+    are decode steps, so this says whether the split loses on the pull or on the decoding."""
+    done = [r for r in records if r.ok]
+    q = slo.itl.quantile * 100
+    firsts = [r.itls[0] for r in done if r.itls]
+    later = [g for r in done for g in r.itls[1:]]
+    return {"missed_ttft": sum(1 for r in done if r.ttft > slo.ttft.threshold),
+            "missed_itl": sum(1 for r in done if r.itls and float(np.percentile(r.itls, q)) > slo.itl.threshold),
+            "first_gap_p50": float(np.median(firsts)) if firsts else None,
+            "first_gap_max": max(firsts) if firsts else None,
+            "later_gap_p99": float(np.percentile(later, 99)) if later else None}
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
 def phases(delta: dict | None) -> dict:
@@ -166,12 +191,14 @@ def main() -> None:
                                              slo_itl=slo.itl.threshold, logs=str(logs)), "traces": {}}
     for trace in args.traces.split(","):
         rows = {}
-        arms = [("colocated", c) for c in CHUNKS] + [("split", t) for t in THRESHOLDS[trace]]
-        for kind, knob in arms:
-            name = f"{kind}-{knob}"
-            arm = Arm(model, logs, name, kind, knob)
+        arms = [("colocated", c, "early") for c in CHUNKS] + [("split", t, f) for t in THRESHOLDS[trace]
+                                                               for f in FIRST_TOKEN_MODES]
+        for kind, knob, first in arms:
+            name = f"{kind}-{knob}" + ("" if first == "early" else f"-{first}")
+            arm = Arm(model, logs, name, kind, knob, first)
             try:
-                rows[name] = {"kind": kind, "knob": knob, **goodput(arm, trace, list(RATES[trace]), args.requests, slo)}
+                rows[name] = {"kind": kind, "knob": knob, "first_token": first,
+                              **goodput(arm, trace, list(RATES[trace]), args.requests, slo)}
             finally:
                 arm.stop()
         best_col = max((r for r in rows.values() if r["kind"] == "colocated"), key=lambda r: r["goodput"])
@@ -181,7 +208,8 @@ def main() -> None:
         # chosen in hindsight here (the tuner choosing online is not built yet: docs/disaggregation.md)
         auto = max(best_split["goodput"], best_col["goodput"])
         result["traces"][trace] = {
-            "arms": rows, "best_colocated": f"colocated-{best_col['knob']}", "best_split": f"split-{best_split['knob']}",
+            "arms": rows, "best_colocated": f"colocated-{best_col['knob']}",
+            "best_split": next(n for n, r in rows.items() if r is best_split),
             "split_vs_best_colocated": ratio,
             "auto_in_hindsight_vs_best_colocated": auto / best_col["goodput"] if best_col["goodput"] else None,
             "split_ttft_phases": phases(best_split["metrics_at_goodput"])}

@@ -464,6 +464,16 @@ def kv_transfer(d: dict) -> list[str]:
     return table(["prompt tokens", "MiB", "NIXL read, ms", "checksums, ms", "local copy, ms"], rows)
 
 
+def _why(rung: dict) -> str:
+    """Which SLO a rung's misses broke and the first inter-token gap apart from the rest (runs before these were
+    recorded have none)."""
+    if "missed_ttft" not in rung:
+        return "not recorded"
+    ms = lambda v: "-" if v is None else f"{v * 1000:.0f} ms"  # noqa: E731
+    return (f"{rung['missed_ttft']} / {rung['missed_itl']}; {ms(rung['first_gap_p50'])}, "
+            f"{ms(rung['later_gap_p99'])}")
+
+
 def disaggregation(d: dict) -> list[str]:
     c = d["conditions"]
     out = [f"SLOs from this machine's speed: TTFT ≤ {c['slo_ttft']:.1f} s (a lone 1024-token prompt: "
@@ -472,10 +482,10 @@ def disaggregation(d: dict) -> list[str]:
            "both.", ""]
     for trace, t in d["traces"].items():
         rows = [[name, a["kind"], str(a["knob"]), f"{a['goodput']:g}/s",
-                 ", ".join(f"{r['rate']:g}/s: {pct(r['within_slo'])}" for r in a["ladder"])]
+                 ", ".join(f"{r['rate']:g}/s: {pct(r['within_slo'])}" for r in a["ladder"]), _why(a["ladder"][-1])]
                 for name, a in t["arms"].items()]
-        out += [f"**{trace}**", ""] + table(["arm", "kind", "chunk or threshold", "goodput", "within SLOs by rate"],
-                                           rows)
+        out += [f"**{trace}**", ""] + table(["arm", "kind", "chunk or threshold", "goodput", "within SLOs by rate",
+                                            "last rate: missed TTFT / ITL; first gap p50, later gaps p99"], rows)
         ratio, auto = t["split_vs_best_colocated"], t["auto_in_hindsight_vs_best_colocated"]
         target = ("split ≥ 1.2× the best colocated" if trace == "prefill_heavy"
                   else "auto (the better of the two, chosen in hindsight here) ≥ 0.97×")
