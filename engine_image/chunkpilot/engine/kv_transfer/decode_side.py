@@ -195,7 +195,7 @@ class RemotePrefill:
         except (httpx.HTTPError, ValueError):
             return False
 
-    # ---- 4. another prefill pod, after one failed -----------------------------------------------------------
+    # ---- 4. another prefill pod, after one failed -------------------------------------------------------
     def retry_peer(self, seq: Sequence, failure: PullFailed, tried: list[str], spent: float) -> Peer | None:
         """The prefill pod to try next for `seq` after `failure`, `spent` seconds into the attempt that failed, or
         None: prefill here. `tried`: the urls of the pods that failed it already, never chosen again."""
