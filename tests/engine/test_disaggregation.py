@@ -1,18 +1,21 @@
 """Prefill/decode disaggregation in one process (disagg_harness.py): the output equals colocated output token for
 token, and every fault (a corrupted block, a read that dies half way, a stale or expired lease, an unreachable prefill
-pod, another KV layout) ends in a correct answer, a counted reason, and both pools back at their free-block
-baseline. The same with real processes and NIXL: test_disaggregation_servers.py."""
+pod, another KV layout) ends in a correct answer, a counted reason, and every pool back at its free-block
+baseline; with a second prefill pod, a fault of the first is retried there when the rule allows (retry.py). The same
+with real processes and NIXL: test_disaggregation_servers.py."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 import torch
 
 from chunkpilot.engine.core.sampling_params import SamplingParams
 from chunkpilot.engine.kv_transfer.transport import InProcessTransport, TransferError
-from chunkpilot.engine.metrics import KV_FALLBACKS, KV_TRANSFERS, REMOTE_PREFILLS_SERVED, TTFT_PHASE
+from chunkpilot.engine.metrics import (KV_FALLBACK_REASONS, KV_FALLBACKS, KV_RETRIES, KV_RETRY_REASONS, KV_TRANSFERS,
+                                      REMOTE_PREFILLS_SERVED, TTFT_PHASE)
 from tests.engine.disagg_harness import Pair
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
@@ -26,7 +29,7 @@ def prompt(n: int, salt: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def pair(smollm2_dir):
-    p = Pair(smollm2_dir)
+    p = Pair(smollm2_dir, num_prefill=2)  # the second prefill engine serves only the tests of retries
     yield p
     p.close()
 
@@ -40,6 +43,10 @@ def colocated(pair, prompts, params):
 
 def fallback_count(rig, reason: str) -> float:
     return rig.metric("decode", KV_FALLBACKS.removesuffix("_total") + "_total", reason=reason)
+
+
+def retry_count(rig, reason: str) -> float:
+    return rig.metric("decode", KV_RETRIES, reason=reason)
 
 
 def test_greedy_and_seeded_outputs_equal_colocated_in_a_continuous_batch(pair):
@@ -100,7 +107,7 @@ class StaleId(InProcessTransport):
     overwritten, and the release says the lease did not hold."""
 
     def read(self, *args, **kw):
-        side = self.rig.side
+        side = self.rig.side_of(args[0])  # the prefill pod read from
 
         async def forget():  # on the event loop, which owns the lease table
             for tid in list(side.leases._leases):
@@ -343,3 +350,185 @@ def test_an_idle_decode_loop_is_woken_for_the_pulled_blocks(pair):
     got, rig = pair.run(body)
     assert [got] == want
     assert rig.metric("decode", KV_TRANSFERS, outcome="ok") == 1
+
+
+# ---- a second prefill pod (kv_transfer/retry.py) ----------------------------------------------------------------
+def first_peer_only(fault):
+    """`fault`, on reads from the first prefill pod only: the second serves correct blocks."""
+    class OnTheFirstPeer(fault):
+        def read(self, agent, *args, **kw):
+            if agent == self.rig.prefill_transports[0].name:
+                return super().read(agent, *args, **kw)
+            return InProcessTransport.read(self, agent, *args, **kw)
+
+    OnTheFirstPeer.__name__ = fault.__name__ + "OnTheFirstPeer"
+    return OnTheFirstPeer
+
+
+@contextlib.contextmanager
+def first_peer_broken(rig, breakage: str | None):
+    """The first prefill pod serves no prefill role ("no_role": HTTP 404) or runs another model ("layout": 409)
+    while the block runs."""
+    side, fp = rig.side, rig.side.fingerprint
+    if breakage == "no_role":
+        rig.side = None
+    elif breakage == "layout":
+        side.fingerprint = "another-model"
+    try:
+        yield
+    finally:
+        rig.side, side.fingerprint = side, fp
+
+
+def slow_local_prefill(rig) -> None:
+    """This decode engine measured a local prefill as slow as it gets: the slack allows a retry, whatever the
+    attempt took."""
+    rig.remote.local_cost.add(3600.0, 1)
+
+
+# pull faults fail after the first token was streamed (the retry must not stream it again); the prefill call's
+# before it
+RETRY_FAULTS = [
+    pytest.param(first_peer_only(Corrupting), "checksum", None, id="checksum"),
+    pytest.param(first_peer_only(DiesHalfWay), "transfer", None, id="transfer"),
+    pytest.param(first_peer_only(StaleId), "lease", None, id="stale-id"),
+    pytest.param(InProcessTransport, "unreachable", "no_role", id="unreachable"),
+    pytest.param(InProcessTransport, "fingerprint", "layout", id="fingerprint"),
+]
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("transport, reason, breakage", RETRY_FAULTS)
+def test_a_prompt_the_first_prefill_pod_fails_is_served_by_the_second(pair, transport, reason, breakage, params):
+    prompts = [prompt(90, 31), prompt(70, 32)]
+    want = colocated(pair, prompts, params)
+    base = pair.free_blocks()
+
+    async def body(rig):
+        slow_local_prefill(rig)
+        with first_peer_broken(rig, breakage):
+            got = await asyncio.gather(*(rig.generate(p, params) for p in prompts))
+        await rig.settle()
+        return got, rig
+
+    got, rig = pair.run(body, transport_cls=transport, peers=2)
+    # each first token streamed once, the second pod's equal to it (the seeded draw is keyed by position)
+    assert got == want
+    assert retry_count(rig, reason) == 2
+    assert sum(fallback_count(rig, r) for r in KV_FALLBACK_REASONS) == 0  # served by a prefill pod after all
+    assert rig.metric("decode", KV_TRANSFERS, outcome="ok") == 2
+    assert rig.metric("decode", KV_TRANSFERS, outcome="fallback") == 0
+    assert rig.metric("prefill2", REMOTE_PREFILLS_SERVED) == 2
+    assert rig.metric("decode", TTFT_PHASE + "_count", phase="remote_prefill") == 2  # one first token each
+    assert pair.free_blocks() == base  # both prefill pools and the decode pool
+
+
+@pytest.mark.parametrize("transport, reason", [(Corrupting, "checksum"), (StaleId, "lease")])
+def test_a_prompt_both_prefill_pods_fail_is_prefilled_here(pair, transport, reason):
+    prompts = [prompt(90, 33), prompt(70, 34)]
+    want = colocated(pair, prompts, SEEDED)
+    base = pair.free_blocks()
+
+    async def body(rig):
+        slow_local_prefill(rig)
+        got = await asyncio.gather(*(rig.generate(p, SEEDED) for p in prompts))
+        await rig.settle()
+        rig.remote.threshold = 10**9  # nothing unverified entered the prefix cache: the same answers from it
+        again = await asyncio.gather(*(rig.generate(p, SEEDED) for p in prompts))
+        await rig.settle()
+        return got, again, rig
+
+    got, again, rig = pair.run(body, transport_cls=transport, peers=2)
+    assert got == want and again == want
+    assert retry_count(rig, reason) == 2 and fallback_count(rig, reason) == 2  # the second pod's reason
+    assert rig.metric("decode", KV_TRANSFERS, outcome="ok") == 0
+    assert rig.metric("prefill", REMOTE_PREFILLS_SERVED) == 2 == rig.metric("prefill2", REMOTE_PREFILLS_SERVED)
+    assert pair.free_blocks() == base
+
+
+@pytest.mark.parametrize("forbid", ["slack", "no-retries"])
+def test_a_prompt_is_prefilled_here_without_a_retry_the_rule_forbids(pair, forbid):
+    want = colocated(pair, [prompt(90, 35)], GREEDY)
+    base = pair.free_blocks()
+
+    async def body(rig):
+        if forbid == "slack":
+            rig.remote.local_cost.add(0.0, 1)  # a local prefill measured as free: no second attempt beats it
+        else:
+            rig.remote.retries = 0  # --prefill-retries 0 (nothing measured here: the slack alone would allow it)
+        got = await rig.generate(prompt(90, 35), GREEDY)
+        await rig.settle()
+        return got, rig
+
+    got, rig = pair.run(body, transport_cls=first_peer_only(Corrupting), peers=2)
+    assert [got] == want
+    assert sum(retry_count(rig, r) for r in KV_RETRY_REASONS) == 0
+    assert fallback_count(rig, "checksum") == 1
+    assert rig.metric("prefill2", REMOTE_PREFILLS_SERVED) == 0
+    assert pair.free_blocks() == base
+
+
+def test_a_second_prefill_pod_whose_first_token_differs_is_refused(pair):
+    """The client has the first token from the first attempt; a second pod that samples another one (its numerics
+    differ) cannot be used: its offer is refused and released, and the request is prefilled here."""
+    from chunkpilot.engine.kv_transfer.decode_side import PullFailed
+
+    ((want, _),) = colocated(pair, [prompt(60, 36)], GREEDY)
+    base = pair.free_blocks()
+
+    async def body(rig):
+        seq = rig.decode.engine.make_sequence("first-token", prompt(60, 36), GREEDY)
+        seq.output_token_ids.append(want[0] + 1)  # as if an earlier attempt had streamed another token
+        peer = rig.peers.peers[0]
+        with pytest.raises(PullFailed) as refused:
+            await rig.remote.prefill(peer, seq, auth=None, cache_salt=None)
+        seq.output_token_ids[0] = want[0]
+        offer = await rig.remote.prefill(peer, seq, auth=None, cache_salt=None)  # the same token passes
+        await rig.remote.release(peer, offer)
+        await rig.settle()
+        return refused.value.reason, offer.first_token
+
+    assert pair.run(body) == ("first_token", want[0])
+    assert pair.free_blocks() == base
+
+
+def test_the_retry_rule():
+    from chunkpilot.engine.kv_transfer.retry import should_retry
+
+    assert should_retry("checksum", 0, 1, spent=0.5, local_seconds=2.0)
+    # the failed attempt took as long as a local prefill would: another one is not expected to be faster
+    assert not should_retry("checksum", 0, 1, spent=2.0, local_seconds=2.0)
+    assert not should_retry("checksum", 1, 1, spent=0.5, local_seconds=2.0)  # retried once already
+    assert should_retry("checksum", 1, 2, spent=0.5, local_seconds=2.0)
+    assert not should_retry("checksum", 0, 0, spent=0.5, local_seconds=2.0)  # --prefill-retries 0
+    assert should_retry("unreachable", 0, 1, spent=30.0, local_seconds=None)  # nothing measured here yet
+    # no_room is this pod's own shortage, and a first token that differed would differ again
+    assert {r for r in KV_FALLBACK_REASONS if should_retry(r, 0, 1, 0.0, None)} == set(KV_RETRY_REASONS)
+    assert set(KV_FALLBACK_REASONS) - set(KV_RETRY_REASONS) == {"no_room", "first_token"}
+
+
+def test_the_local_prefill_cost_follows_the_recent_steps():
+    from chunkpilot.engine.kv_transfer.retry import LocalPrefillCost
+
+    cost = LocalPrefillCost(decay=0.5)
+    assert cost.seconds(100) is None
+    cost.add(1.0, 100)  # 10 ms a prompt token
+    assert cost.seconds(50) == pytest.approx(0.5)
+    for _ in range(20):
+        cost.add(0.1, 100)  # the load fell: 1 ms a token
+    assert cost.seconds(50) == pytest.approx(0.05, rel=1e-3)
+
+
+def test_a_retry_never_goes_back_to_a_prefill_pod_that_failed():
+    import random
+
+    from chunkpilot.engine.kv_transfer.peers import Peer, choose
+    from chunkpilot.engine.kv_transfer.wire import PeerLoad
+
+    peers = [Peer(f"http://p{i}", PeerLoad(num_waiting=i, num_running=0, agent="a", fingerprint="f"))
+             for i in range(3)]
+    rng = random.Random(0)
+    assert {choose(peers, 8, rng).url for _ in range(50)} == {"http://p0", "http://p1"}  # two at random, the lesser
+    assert {choose(peers, 8, rng, exclude=["http://p0"]).url for _ in range(50)} == {"http://p1"}
+    assert choose(peers, 8, rng, exclude=["http://p0", "http://p1"]).url == "http://p2"
+    assert choose(peers, 8, rng, exclude=["http://p0", "http://p1", "http://p2"]) is None

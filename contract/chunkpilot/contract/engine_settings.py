@@ -38,7 +38,9 @@ PROMPT_LOOKUP = (1, 4)  # the n-gram lookup's shortest and longest context (vLLM
 # Prefill/decode disaggregation (chunkpilot.engine.kv_transfer): an engine's roles, the KV transports it can pull
 # blocks with, and the defaults the CRD's spec.disaggregation shares. A decode (or both) engine sends a prompt to a
 # prefill pod when more than DISAGG_THRESHOLD of its tokens are not in its own prefix cache; a prefill pod holds the
-# blocks it computed for LEASE_SECONDS at most, until the decode pod acknowledges them.
+# blocks it computed for LEASE_SECONDS at most, until the decode pod acknowledges them. A prompt a prefill pod failed
+# goes to PREFILL_RETRIES other prefill pods at most before it is prefilled locally: one, because a second failure
+# in a row says more about the fleet (or the prompt) than about one pod, and each try costs the TTFT a prefill.
 ROLES = ("both", "prefill", "decode")
 KV_TRANSPORTS = ("nixl",)
 # When a decode engine sends the first token of a prompt a prefill pod computed: at once, or once the blocks are here
@@ -46,6 +48,7 @@ FIRST_TOKEN_MODES = ("early", "with-kv")
 DISAGG_THRESHOLD = 256
 KV_LEASE_SECONDS = 10.0
 PREFILL_MAX_WAITING = 8
+PREFILL_RETRIES = 1
 
 ENV_PREFIX = "CHUNKPILOT_"
 
@@ -185,6 +188,9 @@ SETTINGS: tuple[Setting, ...] = (
             "SLO with TTFT to spare.", "server"),
     Setting("prefill_max_waiting", int, PREFILL_MAX_WAITING, "A prefill pod with more requests waiting than this "
             "is saturated: decode engines prefill locally instead of queueing behind it.", "server"),
+    Setting("prefill_retries", int, PREFILL_RETRIES, "Other prefill pods a decode engine tries, at most, when one "
+            "fails a prompt (unreachable, transfer, checksum, lease, KV layout) and the time that try took is less "
+            "than prefilling the prompt here would take; then it prefills locally. 0: never.", "server"),
     Setting("seed", int, 0, "Seed for requests without their own.", "engine"),
     Setting("log_level", str, "info", "debug | info | warning | error.", "listen"),
 )

@@ -56,15 +56,16 @@ RANK_KV_CACHE_BYTES = PREFIX + "rank_kv_cache_bytes"
 RANK_LABEL = "rank"
 # Prefill/decode disaggregation (chunkpilot.engine.kv_transfer). The transfer's own series carry vLLM's NIXL
 # connector names (vllm:nixl_xfer_time_seconds ...), with our prefix; the rest are chunkpilot's: transfers by
-# outcome, failures and local fallbacks by reason, remote prefills a prefill pod served and the leases it holds,
-# and each remotely prefilled request's time to first token split into its phases (label `phase`: queue, remote
-# prefill, transfer, first decode).
+# outcome, failures and local fallbacks by reason, retries on another prefill pod by the reason the first one
+# failed, remote prefills a prefill pod served and the leases it holds, and each remotely prefilled request's time
+# to first token split into its phases (label `phase`: queue, remote prefill, transfer, first decode).
 KV_XFER_TIME = PREFIX + "nixl_xfer_time_seconds"
 KV_BYTES_TRANSFERRED = PREFIX + "nixl_bytes_transferred"
 KV_FAILED_TRANSFERS = PREFIX + "nixl_num_failed_transfers_total"
 KV_TRANSFERS = PREFIX + "kv_transfers_total"
 KV_TRANSFER_BYTES = PREFIX + "kv_transfer_bytes_total"
 KV_FALLBACKS = PREFIX + "remote_prefill_fallbacks_total"
+KV_RETRIES = PREFIX + "remote_prefill_retries_total"
 REMOTE_PREFILLS_SERVED = PREFIX + "remote_prefills_served_total"
 KV_LEASES_HELD = PREFIX + "kv_leases_held"
 PREFILL_PEERS_READY = PREFIX + "prefill_peers_ready"
@@ -74,8 +75,12 @@ OUTCOME_LABEL = "outcome"
 PHASE_LABEL = "phase"
 TTFT_PHASES = ("queue", "remote_prefill", "transfer", "first_decode")
 KV_TRANSFER_OUTCOMES = ("ok", "fallback")
-# why a decode pod prefilled a prompt itself after all (docs/disaggregation.md has the table)
-KV_FALLBACK_REASONS = ("unreachable", "fingerprint", "no_room", "transfer", "checksum", "lease")
+# why a decode pod prefilled a prompt itself after all (docs/disaggregation.md has the table); first_token: a second
+# prefill pod sampled another first token than the one the client already had from the first
+KV_FALLBACK_REASONS = ("unreachable", "fingerprint", "no_room", "transfer", "checksum", "lease", "first_token")
+# the failures that are the prefill pod's, so another prefill pod may serve the request (a retry counts under the
+# first pod's reason); no_room is this pod's own and first_token would differ again
+KV_RETRY_REASONS = ("unreachable", "fingerprint", "transfer", "checksum", "lease")
 
 MODEL_LABEL = "model_name"
 
@@ -87,7 +92,8 @@ ALL_NAMES = (
     SPEC_DECODE_ACCEPTED_PER_POS, SPEC_DECODE_PAUSED, SPEC_DECODE_MIN_ACCEPTANCE, SCHEDULER_TOKEN_BUDGET,
     SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS, STEP_COST_MOMENTS, TENSOR_PARALLEL_SIZE,
     RANK_WEIGHT_BYTES, RANK_KV_CACHE_BYTES, KV_XFER_TIME, KV_BYTES_TRANSFERRED, KV_FAILED_TRANSFERS, KV_TRANSFERS,
-    KV_TRANSFER_BYTES, KV_FALLBACKS, REMOTE_PREFILLS_SERVED, KV_LEASES_HELD, PREFILL_PEERS_READY, TTFT_PHASE,
+    KV_TRANSFER_BYTES, KV_FALLBACKS, KV_RETRIES, REMOTE_PREFILLS_SERVED, KV_LEASES_HELD, PREFILL_PEERS_READY,
+    TTFT_PHASE,
 )
 HISTOGRAMS = (TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS,
               REQUEST_GENERATION_TOKENS, ITERATION_TOKENS, KV_XFER_TIME, KV_BYTES_TRANSFERRED, TTFT_PHASE)

@@ -19,7 +19,7 @@ from chunkpilot.engine.core.stats import SchedulerStats, StepStats
 from chunkpilot.engine.kv_transfer.decode_side import PullFailed, RemotePrefill
 from chunkpilot.engine.llm_engine import LLMEngine
 from chunkpilot.engine.metrics import EngineMetrics
-from chunkpilot.engine.model.tokenizer import Tokenizer
+from chunkpilot.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,16 @@ class _Live:
     first_token: float | None = None
     last_token: float | None = None
     # disaggregation: the task that has a prefill pod compute the prompt; the caller left (nothing may enter the
-    # engine for it any more); when its pulled blocks joined the batch (the first decode's phase starts)
+    # engine for it any more); when its pulled blocks joined the batch (the first decode's phase starts); the
+    # detokenizer of the first token a prefill pod sampled, once the client has it (a retry or a local prefill
+    # goes on from it instead of streaming the token again)
     remote: asyncio.Task | None = None
     abandoned: bool = False
     admitted: float | None = None
+    detok: IncrementalDetokenizer | None = None
+    # --first-token with-kv: when the first token was sampled, and its output, held back until the blocks are here
+    prefilled: float | None = None
+    held: RequestOutput | None = None
 
 
 # Tokenizing and chat templating run here, off the event loop, so a large prompt never stalls /health or other
@@ -202,8 +208,9 @@ class AsyncEngine:
 
     async def _remote_prefill(self, live: _Live, peer, auth: str | None, salt: str | None) -> None:
         """A prefill pod computes the prompt; its first token goes to the client at once; the blocks are pulled
-        and the sequence decodes here. On any failure the prompt is prefilled here (with the first token, once
-        the client has it). Never cancelled: a request the client left is marked abandoned."""
+        and the sequence decodes here. A failure that was the prefill pod's may go to another one (the rule:
+        kv_transfer/retry.py); otherwise the prompt is prefilled here (with the first token, once the client has
+        it). Never cancelled: a request the client left is marked abandoned."""
         try:
             await self._remote_prefill_steps(live, peer, auth, salt)
         except Exception as e:  # a bug, not a peer's failure (those fall back): fail the request, never hang it
@@ -211,67 +218,93 @@ class AsyncEngine:
             live.queue.put_nowait(e)
 
     async def _remote_prefill_steps(self, live: _Live, peer, auth: str | None, salt: str | None) -> None:
-        seq, m, remote = live.seq, self.metrics, self.remote
+        seq = live.seq
         t0 = time.monotonic()
         seq.first_scheduled_time = t0  # the queue metric ends here; the prefill's phase begins
-        m.ttft_phase("queue").observe(t0 - seq.arrival_time)
-        try:
-            offer = await remote.prefill(peer, seq, auth=auth, cache_salt=salt)
-        except PullFailed as e:
-            log.info("remote prefill of %s not used (%s)", seq.request_id, e)
-            return self._prefill_here(live, e.reason, None)
-        t1 = time.monotonic()
-        m.ttft_phase("remote_prefill").observe(t1 - t0)
-        out, detok = self.engine.first_output(seq, offer.first_token, offer.logprob)
-        # early: the client has the first token now, and the gap to the second holds the pull; with-kv: it waits
-        # for the blocks, so that gap is one decode step (a tight ITL SLO's choice). A request that ends here, or
-        # whose client left or engine closes, gets it now: no pull follows.
-        held = None
-        if remote.first_token_with_kv and not (out.finished or live.abandoned or self._closing):
-            held = out
-        else:
-            self._deliver(out, t1)
-        if out.finished or live.abandoned or self._closing:
+        self.metrics.ttft_phase("queue").observe(t0 - seq.arrival_time)
+        tried: list[str] = []
+        while True:
+            started = time.monotonic()
+            try:
+                return await self._remote_attempt(live, peer, auth, salt)
+            except PullFailed as e:
+                failure, spent = e, time.monotonic() - started
+            tried.append(peer.url)
+            # what the attempt reserved is given back already (pull), queued before anything the next reserves
+            peer = None if live.abandoned or self._closing else self.remote.retry_peer(seq, failure, tried, spent)
+            if peer is None:
+                log.info("remote prefill of %s not used, prefilling here (%s)", seq.request_id, failure)
+                return self._prefill_here(live, failure.reason)
+            log.info("remote prefill of %s failed (%s), trying %s", seq.request_id, failure, peer.url)
+            self.metrics.kv_retry(failure.reason).inc()
+
+    async def _remote_attempt(self, live: _Live, peer, auth: str | None, salt: str | None) -> None:
+        """One prefill pod computes the prompt and its blocks are pulled. The first attempt that gets a first
+        token streams it (with-kv: once the blocks are here); a later attempt's must be the same (RemotePrefill.prefill checks). Raises PullFailed,
+        having given back what it reserved."""
+        seq, m, remote = live.seq, self.metrics, self.remote
+        offer = await remote.prefill(peer, seq, auth=auth, cache_salt=salt)
+        if live.detok is None:
+            t1 = time.monotonic()
+            m.ttft_phase("remote_prefill").observe(t1 - seq.first_scheduled_time)  # failed attempts included
+            out, live.detok = self.engine.first_output(seq, offer.first_token, offer.logprob)
+            live.prefilled = t1
+            # early: the client has the first token now, and the gap to the second holds the pull; with-kv: it
+            # waits for the blocks, so that gap is one decode step (a tight ITL SLO's choice). A request that
+            # ends here, or whose client left or engine closes, gets it now: no pull follows.
+            if remote.first_token_with_kv and not (out.finished or live.abandoned or self._closing):
+                live.held = out
+            else:
+                self._deliver(out, t1)
+            if out.finished:
+                await remote.release(peer, offer)
+                return
+        if live.abandoned or self._closing:
             await remote.release(peer, offer)
-            if not out.finished:
-                self._end_unfinished(live)
-            return
+            return self._end_unfinished(live)
+        started = time.monotonic()
         try:
             nbytes = await remote.pull(peer, seq, offer, wake=self._wake.set)
         except PullFailed as e:
-            log.warning("pulling the KV blocks of %s failed, prefilling here (%s)", seq.request_id, e)
+            log.warning("pulling the KV blocks of %s from %s failed (%s)", seq.request_id, peer.url, e)
             m.kv_failed.inc()
-            if held is not None:  # the local prefill goes on from the first token: the client gets it first
-                self._deliver(held, time.monotonic())
-            return self._prefill_here(live, e.reason, detok)
+            raise
         t2 = time.monotonic()
-        m.ttft_phase("transfer").observe(t2 - t1)
-        m.kv_xfer_time.observe(t2 - t1)
+        # from the first token sampled to the blocks here: a retry's prefill included
+        m.ttft_phase("transfer").observe(t2 - live.prefilled)
+        m.kv_xfer_time.observe(t2 - started)
         m.kv_xfer_bytes.observe(nbytes)
         m.kv_transfer_bytes.inc(nbytes)
         m.kv_transfer("ok").inc()
-        if held is not None:  # before the blocks join the batch, so it precedes every token the steps make
-            self._deliver(held, t2)
+        self._send_held(live, t2)  # before the blocks join the batch, so it precedes every token the steps make
         if live.abandoned or self._closing:
             self.engine.cancel_reserved(seq)
             self._wake.set()
             return self._end_unfinished(live)
         live.admitted = t2
-        self.engine.admit_prefilled(seq, detok)
+        self.engine.admit_prefilled(seq, live.detok)
         self._wake.set()
 
-    def _prefill_here(self, live: _Live, reason: str, detok) -> None:
+    def _prefill_here(self, live: _Live, reason: str) -> None:
         self.metrics.kv_fallback(reason).inc()
         self.metrics.kv_transfer("fallback").inc()
         if live.abandoned or self._closing:
             return self._end_unfinished(live)
-        self.engine.submit(live.seq, detok)
+        self._send_held(live, time.monotonic())  # the local prefill goes on from the first token: it goes first
+        self.engine.submit(live.seq, live.detok)
         self._wake.set()
+
+    def _send_held(self, live: _Live, now: float) -> None:
+        """with-kv: the first token, held back for the blocks, goes to the client now."""
+        if live.held is not None:
+            out, live.held = live.held, None
+            self._deliver(out, now)
 
     def _end_unfinished(self, live: _Live) -> None:
         """The engine is closing (or the client left) before the request entered it: end its stream as drain
         ends the others'."""
         if not live.abandoned:
+            self._send_held(live, time.monotonic())
             seq = live.seq
             live.queue.put_nowait(RequestOutput(seq.request_id, [], "", True, "abort",
                                                 num_prompt_tokens=len(seq.prompt_token_ids),
@@ -366,6 +399,8 @@ class AsyncEngine:
         if step.num_prefill_tokens:  # prefill is busy exactly while steps compute prompt tokens
             m.prefill_busy.inc(seconds)
             m.prefill_computed.inc(step.num_prefill_tokens)
+            if self.remote is not None:  # what a prompt token costs here: the yardstick of the retry rule
+                self.remote.local_cost.add(seconds, step.num_prefill_tokens)
         # the engine keeps totals; the counters move by what is new since the last step read
         m.prefix_queries.inc(stats.prefix_queries - self._seen.prefix_queries)
         m.prefix_hits.inc(stats.prefix_hits - self._seen.prefix_hits)

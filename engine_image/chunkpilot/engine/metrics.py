@@ -103,6 +103,8 @@ class EngineMetrics:
                                      registry=r)
         self._kv_fallbacks = Counter(_base(KV_FALLBACKS), "Requests sent to a prefill pod but prefilled here, by "
                                      "reason.", [MODEL_LABEL, REASON_LABEL], registry=r)
+        self._kv_retries = Counter(_base(KV_RETRIES), "Requests sent to another prefill pod after one failed them, by "
+                                   "the failed pod's reason.", [MODEL_LABEL, REASON_LABEL], registry=r)
         self.remote_prefills_served = counter(REMOTE_PREFILLS_SERVED, "Prompts this prefill pod computed for decode "
                                               "pods.")
         self.prefill_peers_ready = gauge(PREFILL_PEERS_READY, "Prefill pods that answered this decode pod's last "
@@ -117,6 +119,8 @@ class EngineMetrics:
             self.kv_transfer(outcome)
         for reason in KV_FALLBACK_REASONS:
             self.kv_fallback(reason)
+        for reason in KV_RETRY_REASONS:
+            self.kv_retry(reason)
         for phase in TTFT_PHASES:
             self.ttft_phase(phase)
 
@@ -125,6 +129,9 @@ class EngineMetrics:
 
     def kv_fallback(self, reason: str):
         return self._kv_fallbacks.labels(self.model_name, reason)
+
+    def kv_retry(self, reason: str):
+        return self._kv_retries.labels(self.model_name, reason)
 
     def ttft_phase(self, phase: str):
         return self._ttft_phase.labels(self.model_name, phase)

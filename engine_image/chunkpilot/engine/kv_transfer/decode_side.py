@@ -11,9 +11,10 @@ inside its own server, no sidecar and no proxy):
    expired meanwhile may have had its blocks overwritten, so what was read is thrown away.
 
 Any failure (prefill pod unreachable or killed mid-transfer, another KV layout, a checksum that does not match, a
-lease that expired, no room here) frees what was reserved and the request is prefilled here with the first token
-it already has: the client sees a correct answer, and a metric counts the reason. Blocks enter this engine's
-prefix cache only after they were verified (Scheduler.add_prefilled)."""
+lease that expired, no room here) frees what was reserved. A failure that was the prefill pod's may go to another
+prefill pod (`retry_peer`, under retry.py's rule); otherwise the request is prefilled here with the first token it
+already has: the client sees a correct answer, and a metric counts the reason. Blocks enter this engine's prefix
+cache only after they were verified (Scheduler.add_prefilled)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.contract.metric_names import KV_FALLBACK_REASONS
 from chunkpilot.engine.core.sequence import Sequence
 from chunkpilot.engine.execution.kv_blocks import block_checksums
 from chunkpilot.engine.kv_transfer.peers import Peer, PrefillPeers
+from chunkpilot.engine.kv_transfer.retry import LocalPrefillCost, should_retry
 from chunkpilot.engine.kv_transfer.transport import KVTransport, TransferError
 from chunkpilot.engine.kv_transfer.wire import KVOffer, PrefillRequest, Release, ReleaseReply
 
@@ -36,8 +39,8 @@ log = logging.getLogger(__name__)
 # the prefill pod did not answer or failed the request; another model, dtype, block size or layout; no blocks or
 # running slot here for the prompt; the read failed (the prefill pod died mid-transfer, the connection broke); a
 # block read differs from what the prefill pod computed; the lease had expired (or the id was stale) when the read
-# was done
-UNREACHABLE, FINGERPRINT, NO_ROOM, TRANSFER, CHECKSUM, LEASE = KV_FALLBACK_REASONS
+# was done; a retry's prefill pod sampled another first token than the one the client already has
+UNREACHABLE, FINGERPRINT, NO_ROOM, TRANSFER, CHECKSUM, LEASE, FIRST_TOKEN = KV_FALLBACK_REASONS
 
 
 class PullFailed(Exception):
@@ -49,10 +52,11 @@ class PullFailed(Exception):
 class RemotePrefill:
     def __init__(self, engine, transport: KVTransport, peers: PrefillPeers, client: httpx.AsyncClient, *,
                  threshold: int, fingerprint: str, timeout: float = 30.0, headers: dict[str, str] | None = None,
-                 first_token_with_kv: bool = False) -> None:
+                 retries: int = setting_default("prefill_retries"), first_token_with_kv: bool = False) -> None:
         """`engine`: the LLMEngine (its disaggregation methods); `headers`: this pod's own credentials for the
-        prefill pods' /kv/release and /kv/agent (the prefill call itself carries the client's);
-        `first_token_with_kv`: the first token waits until the blocks joined the batch here (--first-token)."""
+        prefill pods' /kv/release and /kv/agent (the prefill call itself carries the client's); `retries`: other
+        prefill pods a failed prompt may go to (retry.py); `first_token_with_kv`: the first token waits until the
+        blocks joined the batch here (--first-token)."""
         self.engine = engine
         self.transport = transport
         self.peers = peers
@@ -63,6 +67,8 @@ class RemotePrefill:
         self.headers = headers or {}
         self.first_token_with_kv = first_token_with_kv
         self.block_size = transport.block_size
+        self.retries = retries
+        self.local_cost = LocalPrefillCost()  # fed by the step loop (AsyncEngine): the retry rule's yardstick
         # reads and checksums block a thread for milliseconds; two at a time is what two cores can use
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="kv-pull")
 
@@ -76,14 +82,18 @@ class RemotePrefill:
         file, as the tuner moves it) where they carry one, else the start-up setting."""
         pushed = self.engine.knobs.get().disagg_threshold
         threshold = self.threshold if pushed is None else pushed
-        cached = self.engine.cached_prefix_tokens(seq)
-        if len(seq.prompt_token_ids) - cached <= threshold:
+        if self.uncached_tokens(seq) <= threshold:
             return None
         return self.peers.pick()
 
+    def uncached_tokens(self, seq: Sequence) -> int:
+        """The prompt's tokens this engine's prefix cache does not hold now: what a local prefill would compute."""
+        return len(seq.prompt_token_ids) - self.engine.cached_prefix_tokens(seq)
+
     # ---- 2. the prefill call ----------------------------------------------------------------------------
     async def prefill(self, peer: Peer, seq: Sequence, *, auth: str | None, cache_salt: str | None) -> KVOffer:
-        """Raises PullFailed (unreachable, fingerprint)."""
+        """Raises PullFailed (unreachable, fingerprint; first_token when `seq` already has its first token, from an
+        earlier attempt, and this pod sampled another: the client cannot be given two)."""
         body = PrefillRequest(token_ids=seq.prompt_token_ids, params=seq.params, cache_salt=cache_salt,
                               fingerprint=self.fingerprint)
         headers = {"Authorization": auth} if auth else dict(self.headers)
@@ -113,6 +123,12 @@ class RemotePrefill:
         if offer.fingerprint != self.fingerprint or offer.block_size != self.block_size:
             await self.release(peer, offer)
             raise PullFailed(FINGERPRINT, f"{peer.url}'s KV layout is {offer.fingerprint}, ours {self.fingerprint}")
+        # a seeded draw depends on (seed, output position) only, a greedy one on the logits: any pod with our KV
+        # layout samples the same first token, unless its numerics differ (another device or kernel)
+        if seq.output_token_ids and offer.first_token != seq.output_token_ids[0]:
+            await self.release(peer, offer)
+            raise PullFailed(FIRST_TOKEN, f"{peer.url} sampled token {offer.first_token} first, the client already "
+                                          f"has {seq.output_token_ids[0]}")
         return offer
 
     # ---- 3. the pull ------------------------------------------------------------------------------------
@@ -184,3 +200,12 @@ class RemotePrefill:
             return r.status_code == 200 and ReleaseReply.model_validate_json(r.content).held
         except (httpx.HTTPError, ValueError):
             return False
+
+    # ---- 4. another prefill pod, after one failed -------------------------------------------------------
+    def retry_peer(self, seq: Sequence, failure: PullFailed, tried: list[str], spent: float) -> Peer | None:
+        """The prefill pod to try next for `seq` after `failure`, `spent` seconds into the attempt that failed, or
+        None: prefill here. `tried`: the urls of the pods that failed it already, never chosen again."""
+        local = self.local_cost.seconds(self.uncached_tokens(seq))
+        if not should_retry(failure.reason, len(tried) - 1, self.retries, spent, local):
+            return None
+        return self.peers.pick(exclude=tried)

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import random
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import httpx
@@ -41,9 +42,11 @@ def parse_peers(spec: str) -> list[tuple[str, int]]:
     return out
 
 
-def choose(peers: list[Peer], max_waiting: int, rng: random.Random) -> Peer | None:
-    """Two peers at random among those not saturated, the less loaded of the two; None when every one is."""
-    open_ = [p for p in peers if p.load.num_waiting <= max_waiting]
+def choose(peers: list[Peer], max_waiting: int, rng: random.Random,
+           exclude: Collection[str] = ()) -> Peer | None:
+    """Two peers at random among those not saturated, the less loaded of the two; None when every one is.
+    `exclude`: urls left out (those that already failed the request a retry is for)."""
+    open_ = [p for p in peers if p.load.num_waiting <= max_waiting and p.url not in exclude]
     if not open_:
         return None
     if len(open_) == 1:
@@ -77,8 +80,8 @@ class PrefillPeers:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def pick(self) -> Peer | None:
-        return choose(self.peers, self.max_waiting, self.rng)
+    def pick(self, exclude: Collection[str] = ()) -> Peer | None:
+        return choose(self.peers, self.max_waiting, self.rng, exclude)
 
     def mark_down(self, url: str) -> None:
         """A call to this peer failed: leave it out until its next answer to a poll."""

@@ -82,6 +82,7 @@ class ServerSettings:
     kv_lease_seconds: float = setting_default("kv_lease_seconds")
     prefill_max_waiting: int = setting_default("prefill_max_waiting")
     first_token: str = setting_default("first_token")
+    prefill_retries: int = setting_default("prefill_retries")
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -107,6 +108,8 @@ class ServerSettings:
         if not self.kv_lease_seconds > 0 or self.prefill_max_waiting < 0:
             raise ValueError("kv-lease-seconds must be > 0 and prefill-max-waiting >= 0, got "
                              f"{self.kv_lease_seconds} and {self.prefill_max_waiting}")
+        if self.prefill_retries < 0:
+            raise ValueError(f"prefill-retries must be >= 0 other prefill pods, got {self.prefill_retries}")
 
     @property
     def model_name(self) -> str:
@@ -179,7 +182,8 @@ class ServerState:
                              headers=headers, on_refresh=metrics.prefill_peers_ready.set)
         transport = make_transport(s.kv_transport, "decode", llm_engine.kv_pool, s.engine.block_size)
         return RemotePrefill(llm_engine, transport, peers, client, threshold=s.disagg_threshold, fingerprint=fp,
-                             headers=headers, first_token_with_kv=s.first_token == "with-kv")
+                             headers=headers, retries=s.prefill_retries,
+                             first_token_with_kv=s.first_token == "with-kv")
 
     async def run_disaggregation(self) -> None:
         """After the model loaded: poll the prefill pods (decode side), sweep expired leases (prefill side)."""
