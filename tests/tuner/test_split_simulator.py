@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from chunkpilot.loadgen.workloads import RequestSpec
+from chunkpilot.sim.calibrate import lone_figures, rescaled
 from chunkpilot.sim.costmodel import CostModel, default
 from chunkpilot.sim.simulator import Simulator
 from chunkpilot.sim.split import SplitFleet, colocated
@@ -140,3 +141,14 @@ def test_transfer_cost_from_the_benchs_json(tmp_path):
     row = next(r for r in measured["rows"] if r["tokens"] == 1024)
     assert default_transfer().bytes_per_token == row["bytes"] / 1024
     assert default_transfer().seconds(1024) == pytest.approx(row["nixl_s"] + row["checksum_s"], rel=0.05)
+
+
+def test_the_cost_rescaled_to_a_lone_engine_gives_its_figures():
+    # bench/disaggregation.py's one-core engines: a lone 1024-token prompt's TTFT and a lone decode's gap
+    one_core = rescaled(default(), 3.3, 0.076)
+    ttft, itl = lone_figures(one_core, 1024, 32, Knobs(272, 256))
+    assert ttft == pytest.approx(3.3) and itl == pytest.approx(0.076)
+    assert one_core.prefill_tokens / default().prefill_tokens > 2  # a prompt token costs more on one core
+    assert "rescaled" in one_core.note
+    with pytest.raises(ValueError, match="no positive rescaling"):
+        rescaled(default(), 0.01, 10.0)  # a prompt faster than its decodes: no cost of this shape
