@@ -293,6 +293,3 @@ def colocated(cost: StepCost, requests: list[RequestSpec], knobs: Knobs, engines
     for i in range(engines):
         out += Simulator(cost, ordered[i::engines], knobs, **sim_options).run()
     return sorted(out, key=lambda r: r.start)
-
-
-NEVER = math.inf  # the threshold that routes nothing: colocated
