@@ -12,23 +12,33 @@ which SLO the misses broke and the first inter-token gap apart from the later on
 --first-token (early: the first token before the pull; with-kv: after it).
 
     python bench/disaggregation.py [--requests 12] [--ttft-x 5] [--itl-x 2]
+    python bench/disaggregation.py --predict-only   # the simulator's prediction alone, in seconds
+
+Beside every measured arm the simulator's prediction of it (sim/split.py: the same requests, the same knobs, the
+step cost rescaled to this run's lone-request figures, the KV transfer's cost from bench/kv_transfer.py's result),
+and of more thresholds and chunks than are measured, so the best threshold is predicted before it is tried.
+`--predict-only` runs no engine: it takes the lone-request figures and SLOs of the last measured run
+(bench/results/disaggregation.json) and writes bench/results/disaggregation_predicted.json.
 
 The SLOs are set from this machine's own speed, measured first on one engine alone: the TTFT SLO is --ttft-x times
 a lone 1024-token prompt's TTFT (slack), the ITL SLO --itl-x times a lone decode's inter-token gap (tight): the
 regime where the split is meant to win (TaiChi, arXiv 2508.01989), and chat, where it is not.
 
-Writes bench/results/disaggregation.json and .png."""
+Writes bench/results/disaggregation.json and .png (or, with --predict-only, disaggregation_predicted.json)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
+import math
 import tempfile
 from pathlib import Path
 
 import httpx
 import numpy as np
-from common import conditions, model_dir, pyplot, save
+from common import RESULTS, conditions, model_dir, pyplot, save
 
 from chunkpilot.contract.engine_settings import FIRST_TOKEN_MODES
 from chunkpilot.contract.metric_names import KV_FALLBACKS, KV_TRANSFERS, TTFT_PHASE
@@ -37,6 +47,10 @@ from chunkpilot.demo.engines import EngineProcess
 from chunkpilot.loadgen.runner import BenchmarkConfig, run_benchmark_async
 from chunkpilot.loadgen.stats import meets
 from chunkpilot.loadgen.workloads import RequestSpec
+from chunkpilot.sim import costmodel, transfer
+from chunkpilot.sim.calibrate import rescaled
+from chunkpilot.sim.split import SplitFleet, colocated
+from chunkpilot.tuner.space import Knobs
 
 TRACES = {"prefill_heavy": ((512, 1024), (32, 64)), "chat": ((16, 128), (16, 64))}
 # each trace's ladder of rates (requests/s): a 1024-token prompt takes seconds on one core, a chat prompt a tenth
@@ -45,6 +59,10 @@ RATES = {"prefill_heavy": (0.1, 0.2, 0.3, 0.4, 0.6), "chat": (0.5, 1.0, 2.0, 3.0
 # is above either; on chat 64 sends about half the prompts)
 CHUNKS = (64, 256)
 THRESHOLDS = {"prefill_heavy": (0,), "chat": (64,)}
+# what is predicted beside them (the simulator's seconds are cheap): more chunks, and thresholds from every prompt
+# (0) to none (inf: the decode engine prefills everything itself under its own small chunk)
+PREDICT_CHUNKS = (64, 128, 256, 512)
+PREDICT_THRESHOLDS = (0, 64, 128, 256, 512, 768, math.inf)
 VOCAB = 40000
 COMMON = ("--threads", "1", "--max-model-len", "2048", "--max-num-seqs", "16", "--kv-cache-memory-gb", "0.6",
           "--dtype", "float32")
@@ -161,6 +179,113 @@ def phases(delta: dict | None) -> dict:
     return out
 
 
+def sim_options(cost: transfer.TransferCost) -> dict:
+    """COMMON's engine limits in the simulator: 16 sequences, 2048 tokens, a 0.6 GiB pool in blocks of 16."""
+    return {"max_num_seqs": 16, "max_model_len": 2048, "num_blocks": int(0.6 * 2**30 // (16 * cost.bytes_per_token))}
+
+
+def arm_name(kind: str, knob: float) -> str:
+    return f"{kind}-{'inf' if knob == math.inf else knob}"
+
+
+def predict_rung(kind: str, knob: float, specs: list[RequestSpec], slo: SLOTargets, cost, pull,
+                 idle_wait: float | None = 0.5) -> dict:
+    """One rate of one arm in the simulator, set up as Arm sets up the engines (`idle_wait`: sim/split.py)."""
+    opts, extra = sim_options(pull), {}
+    if kind == "colocated":
+        records = colocated(cost, specs, Knobs(knob + 16, knob), engines=2, **opts)
+    else:
+        fleet = SplitFleet(cost, specs, decode_knobs=Knobs(80, 64), prefill_knobs=Knobs(1040, 1024), threshold=knob,
+                           transfer=pull, idle_wait=idle_wait, sim_options=opts)
+        records = fleet.run()
+        pulls = [s for d in fleet.decodes for _, s in d.transfers]
+        extra = {"routed": dict(fleet.routed), "fallbacks": dict(fleet.fallbacks),
+                 "mean_pull_s": float(np.mean(pulls)) if pulls else None}
+    ttfts = [r.ttft for r in records if r.ttft is not None]
+    return {"within_slo": sum(meets(r, slo) for r in records) / len(records),
+            # which SLO the misses break (a request may break both)
+            "ttft_misses": sum(1 for r in records if r.ttft is None or r.ttft > slo.ttft.threshold),
+            "itl_misses": sum(1 for r in records if r.itls and np.percentile(r.itls, 99) > slo.itl.threshold),
+            "mean_ttft": float(np.mean(ttfts)) if ttfts else None, **extra}
+
+
+def predict(trace: str, n: int, slo: SLOTargets, cost, pull, arms: list[tuple[str, float]],
+            idle_wait: float | None = 0.5) -> dict:
+    """Every arm's whole ladder in the simulator (the bench's own requests, rate by rate), its goodput read as the
+    bench reads it (up the ladder until a rate fails), and the best of each kind."""
+    rows = {}
+    for kind, knob in arms:
+        ladder = [{"rate": rate, **predict_rung(kind, knob, requests(trace, rate, n, seed=1000 + i), slo, cost, pull,
+                                                idle_wait)} for i, rate in enumerate(RATES[trace])]
+        best = 0.0
+        for rung in ladder:
+            if rung["within_slo"] < 0.9:
+                break
+            best = rung["rate"]
+        rows[arm_name(kind, knob)] = {"kind": kind, "knob": "inf" if knob == math.inf else knob, "goodput": best,
+                                      "ladder": ladder}
+    col = max((r for r in rows.values() if r["kind"] == "colocated"), key=lambda r: r["goodput"])
+    split = max((r for r in rows.values() if r["kind"] == "split"), key=lambda r: r["goodput"])
+    return {"arms": rows, "best_colocated": arm_name("colocated", col["knob"]),
+            "best_split": f"split-{split['knob']}",
+            "split_vs_best_colocated": split["goodput"] / col["goodput"] if col["goodput"] else None}
+
+
+def prediction_arms(trace: str) -> list[tuple[str, float]]:
+    return ([("colocated", c) for c in sorted(set(CHUNKS) | set(PREDICT_CHUNKS))]
+            + [("split", t) for t in sorted(set(THRESHOLDS[trace]) | set(PREDICT_THRESHOLDS))])
+
+
+def show_prediction(trace: str, predicted: dict, measured: dict | None) -> None:
+    """Each predicted arm's ladder, the measured one's beside it where the arm was run."""
+    for name, arm in predicted["arms"].items():
+        got = (measured or {}).get(name)
+        line = ", ".join(f"{r['rate']:g}/s {r['within_slo']:4.0%}" for r in arm["ladder"])
+        print(f"  predicted {name:>14} {trace:>13}: goodput {arm['goodput']:g}/s ({line})")
+        if got is not None:
+            print(f"   measured {name:>14} {trace:>13}: goodput {got['goodput']:g}/s ("
+                  + ", ".join(f"{r['rate']:g}/s {r['within_slo']:4.0%}" for r in got["ladder"]) + ")")
+    print(f"  predicted best: {predicted['best_colocated']} and {predicted['best_split']}, split/colocated "
+          + (f"{predicted['split_vs_best_colocated']:.2f}x" if predicted["split_vs_best_colocated"] is not None
+             else "n/a (colocated meets the SLOs at no rate)"))
+
+
+def predicted_cost(ttft_1024: float, itl_alone: float, pull_overhead: float = 0.0):
+    """The simulator's costs for this run: the shipped step cost rescaled to the lone engine's figures, the
+    transfer's from the committed bench/kv_transfer.py result (one core per pod: the pull's CPU time is the
+    step loop's), plus `pull_overhead` seconds a pull (a what-if: what the transfer bench does not time)."""
+    pull = transfer.default()
+    if pull_overhead:
+        pull = dataclasses.replace(pull, overhead_s=pull.overhead_s + pull_overhead,
+                                   note=f"{pull.note}; what-if: +{pull_overhead:g} s a pull")
+    return rescaled(costmodel.default(), ttft_1024, itl_alone), pull
+
+
+def predict_only(args) -> None:
+    measured = json.loads(Path(args.measured).read_text())
+    c = measured["conditions"]
+    slo = SLOTargets.p99(ttft=c["slo_ttft"], itl=c["slo_itl"])
+    cost, pull = predicted_cost(c["ttft_1024"], c["itl_alone"], args.pull_overhead)
+    print(f"the measured run's lone-request figures ({c['time']}, {c['commit']}): TTFT {c['ttft_1024']:.2f} s, "
+          f"{c['itl_alone'] * 1000:.0f} ms per token; its SLOs: TTFT {slo.ttft.threshold:.1f} s, "
+          f"ITL {slo.itl.threshold * 1000:.0f} ms\nstep cost: {cost.note}\ntransfer: {pull.note}")
+    result: dict = {"conditions": conditions(requests_per_rate=args.requests, measured_run=c["time"],
+                                             measured_commit=c["commit"], ttft_1024=c["ttft_1024"],
+                                             itl_alone=c["itl_alone"], slo_ttft=slo.ttft.threshold,
+                                             slo_itl=slo.itl.threshold, step_cost=cost.note, transfer=pull.note,
+                                             pull_overhead=args.pull_overhead, reserve_wakes=args.reserve_wakes),
+                    "traces": {}}
+    for trace in args.traces.split(","):
+        predicted = predict(trace, args.requests, slo, cost, pull, prediction_arms(trace),
+                            None if args.reserve_wakes else 0.5)
+        got = measured["traces"].get(trace, {}).get("arms")
+        show_prediction(trace, predicted, got)
+        result["traces"][trace] = {"predicted": predicted,
+                                   "measured": {name: {"goodput": a["goodput"], "ladder": a["ladder"]}
+                                                for name, a in (got or {}).items()}}
+    save(args.out, result)
+
+
 def calibrate(model: str, logs: Path) -> tuple[float, float]:
     """A lone 1024-token prompt's TTFT and a lone decode's median inter-token gap, on one engine on one core."""
     arm = Arm(model, logs, "calibrate", "colocated", 256)
@@ -179,7 +304,19 @@ def main() -> None:
     ap.add_argument("--ttft-x", type=float, default=5.0, help="TTFT SLO = this x a lone 1024-token prompt's TTFT")
     ap.add_argument("--itl-x", type=float, default=2.0, help="ITL SLO = this x a lone decode's inter-token gap")
     ap.add_argument("--traces", default="prefill_heavy,chat")
+    ap.add_argument("--predict-only", action="store_true", help="run the simulator only (seconds), no engine")
+    ap.add_argument("--measured", default=str(RESULTS / "disaggregation.json"),
+                    help="--predict-only: the measured run whose lone-request figures and SLOs to use")
+    ap.add_argument("--pull-overhead", type=float, default=0.0,
+                    help="--predict-only: seconds added to every pull (a what-if for costs the transfer bench "
+                         "does not time: HTTP round trips, first contact)")
+    ap.add_argument("--reserve-wakes", action="store_true",
+                    help="--predict-only: a what-if where the decode engine's reserve wakes its idle step loop (now "
+                         "it waits for the loop's next 0.5 s look)")
+    ap.add_argument("--out", default="disaggregation_predicted", help="--predict-only: the result's name")
     args = ap.parse_args()
+    if args.predict_only:
+        return predict_only(args)
     model = model_dir()
     logs = Path(tempfile.mkdtemp(prefix="disagg-bench-"))
     ttft_1024, itl_alone = calibrate(model, logs)
@@ -189,6 +326,8 @@ def main() -> None:
     result: dict = {"conditions": conditions(requests_per_rate=args.requests, ttft_1024=ttft_1024,
                                              itl_alone=itl_alone, slo_ttft=slo.ttft.threshold,
                                              slo_itl=slo.itl.threshold, logs=str(logs)), "traces": {}}
+    cost, pull = predicted_cost(ttft_1024, itl_alone)
+    result["conditions"].update(step_cost=cost.note, transfer=pull.note)
     for trace in args.traces.split(","):
         rows = {}
         arms = [("colocated", c, "early") for c in CHUNKS] + [("split", t, f) for t in THRESHOLDS[trace]
@@ -213,6 +352,10 @@ def main() -> None:
             "split_vs_best_colocated": ratio,
             "auto_in_hindsight_vs_best_colocated": auto / best_col["goodput"] if best_col["goodput"] else None,
             "split_ttft_phases": phases(best_split["metrics_at_goodput"])}
+        # the simulator's prediction of every arm, beside what was measured
+        result["traces"][trace]["predicted"] = predicted = predict(trace, args.requests, slo, cost, pull,
+                                                                   prediction_arms(trace))
+        show_prediction(trace, predicted, rows)
         print(f"{trace}: best colocated {best_col['goodput']}/s (chunk {best_col['knob']}), best split "
               f"{best_split['goodput']}/s (threshold {best_split['knob']}): "
               + (f"{ratio:.2f}x" if ratio is not None else "colocated met the SLOs at no rate"))

@@ -503,6 +503,32 @@ def disaggregation(d: dict) -> list[str]:
     return out
 
 
+def disaggregation_predicted(d: dict) -> list[str]:
+    c = d["conditions"]
+    what_if = [w for w, on in (("the reserve wakes the idle decode loop", c.get("reserve_wakes")),
+                               (f"+{c.get('pull_overhead')} s a pull", c.get("pull_overhead"))) if on]
+    out = [f"The simulator (`sim/split.py`) on the bench's own requests and knobs, with the SLOs and lone-request "
+           f"figures of the measured run of {c['measured_run']} (commit {c['measured_commit']}). Step cost: "
+           f"{c['step_cost']}. Transfer: {c['transfer']}."
+           + (f" What-if: {'; '.join(what_if)}." if what_if else " The engine as it is (no what-if)."), ""]
+    for trace, t in d["traces"].items():
+        p, measured = t["predicted"], t.get("measured") or {}
+        rows = []
+        for name, a in p["arms"].items():
+            m = measured.get(name)
+            rows.append([name, f"{a['goodput']:g}/s",
+                         ", ".join(f"{r['rate']:g}/s: {pct(r['within_slo'])}" for r in a["ladder"]),
+                         f"{m['goodput']:g}/s" if m else "not run",
+                         ", ".join(f"{r['rate']:g}/s: {pct(r['within_slo'])}" for r in m["ladder"]) if m else ""])
+        out += [f"**{trace}**", ""] + table(["arm", "predicted goodput", "predicted within SLOs by rate",
+                                             "measured goodput", "measured within SLOs by rate"], rows)
+        ratio = p["split_vs_best_colocated"]
+        out += ["", f"{trace}: predicted best {p['best_colocated']} and {p['best_split']}, split "
+                    f"{times(ratio) if ratio is not None else 'n/a (colocated meets the SLOs at no rate)'} the best "
+                    "colocated.", ""]
+    return out
+
+
 @dataclass(frozen=True)
 class Section:
     name: str  # bench/results/NAME.json (and NAME.png)
@@ -530,6 +556,12 @@ SECTIONS = (
     Section("kv_transfer", "Moving a prompt's KV blocks (NIXL)", "python bench/kv_transfer.py", kv_transfer),
     Section("disaggregation", "Prefill/decode disaggregation against the best colocated knobs",
             "python bench/disaggregation.py --itl-x 3", disaggregation),
+    Section("disaggregation_predicted", "Prefill/decode disaggregation predicted by the simulator",
+            "python bench/disaggregation.py --predict-only", disaggregation_predicted),
+    Section("disaggregation_predicted_reserve_wakes",
+            "Prefill/decode disaggregation predicted, if the reserve woke the idle decode loop",
+            "python bench/disaggregation.py --predict-only --reserve-wakes --out disaggregation_predicted_reserve_wakes",
+            disaggregation_predicted),
     Section("predictor_vs_sim", "The step-time predictor against the simulator", "python bench/predictor_vs_sim.py",
             predictor_vs_sim),
     Section("sim_accuracy", "The simulator against the real server", "python bench/sim_accuracy.py", sim_accuracy),

@@ -115,20 +115,32 @@ class Simulator:
             self.records.append(rec)
             self.arrivals.append((spec.arrival, len(prompt), spec.max_tokens))
 
+    def _next_event(self) -> float | None:
+        """When an idle engine has something to do next: the next arrival. (An engine that also takes events
+        from other engines, sim/split.py's decode engine, wakes for those too.)"""
+        return self.pending[0].arrival if self.pending else None
+
+    def _stolen(self) -> float:
+        """Seconds the next step loses to work beside the step loop on the same cores (none here; the decode
+        engine's KV pulls in sim/split.py)."""
+        return 0.0
+
     def advance(self, until: float) -> None:
         """Run steps until the virtual clock reaches `until` (a step in flight then may end a little after)."""
         while self.now < until:
             self._admit()
             if not self.scheduler.has_work:
-                self.now = min(until, self.pending[0].arrival) if self.pending else until
+                wake = self._next_event()
+                self.now = min(until, wake) if wake is not None else until
                 continue
             out = self.scheduler.schedule()
             if out.is_empty:  # everything waits for KV blocks that only arrivals cannot free: let time pass
-                self.now = min(until, self.pending[0].arrival) if self.pending else until
+                wake = self._next_event()
+                self.now = min(until, wake) if wake is not None else until
                 continue
             # a decode with k drafts: a decode and k token rows, costed and counted as the engine counts it
             chunks = [(c.start, c.num_tokens, i < out.num_decodes) for i, c in enumerate(out.chunks)]
-            seconds = self.cost.step_seconds(chunks)
+            seconds = self.cost.step_seconds(chunks) + self._stolen()
             self.now += seconds
             self.steps += 1
             self.step_log.append((self.now, *step_cost.step_features(chunks), seconds))

@@ -1,0 +1,295 @@
+"""Prefill/decode disaggregation on the virtual clock: P prefill engines and D decode engines, each a Simulator (the
+real scheduler, a step cost), and between them what kv_transfer/decode_side.py does for a request:
+
+1. Route, at arrival: the balancer picks a decode engine. A prompt with more uncached tokens than the threshold
+   goes to a prefill engine that is not saturated (kv_transfer.peers.choose itself: power of two choices on
+   waiting requests, saturated above `prefill_max_waiting`); the others, or all when every prefill engine is
+   saturated, are prefilled on the decode engine in chunks under its knobs, as colocated. The simulator models
+   no prefix cache, so every prompt token counts as uncached.
+2. The prefill engine computes the prompt alone (max_tokens 1, its own knobs and queue); its first token reaches
+   the client at the end of that step.
+3. At the decode engine's next step boundary blocks are reserved (no room: the prompt is prefilled there after
+   all, with the first token, as the engine's `no_room` fallback); the pull (read + checksums, sim/transfer.py)
+   runs on a thread for its seconds, and its blocks join the batch at the first step boundary after it ends.
+   The steps the pull overlaps lose its CPU time times the cost's `step_loop_share` (charged to the first step).
+   An idle decode engine reserves later: AsyncEngine queues the reserve without waking its step loop, which
+   idles in waits of `idle_wait` (0.5 s) and finds it only when one ends or something else wakes it (an arrival,
+   an admitted pull). `idle_wait=None` models a reserve that wakes the loop.
+
+Not modelled: the 0.5 s staleness of the prefill engines' polled load (the router sees their queues as they
+are), HTTP round trips, the prefill engine's held blocks (freed at once here), a prefill engine failing mid-call.
+A threshold of math.inf routes nothing: the decode engines then run exactly as colocated engines do (a test
+holds it to the plain Simulator)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from chunkpilot.engine.core.sampling_params import SamplingParams
+from chunkpilot.engine.core.sequence import Sequence
+from chunkpilot.engine.kv_transfer.peers import Peer, choose
+from chunkpilot.engine.kv_transfer.wire import PeerLoad
+from chunkpilot.loadgen.stats import RequestRecord
+from chunkpilot.loadgen.workloads import RequestSpec
+from chunkpilot.sim import transfer as transfer_cost
+from chunkpilot.sim.costmodel import StepCost
+from chunkpilot.sim.fleet import BALANCERS
+from chunkpilot.sim.simulator import Simulator
+from chunkpilot.sim.transfer import TransferCost
+from chunkpilot.tuner.space import Knobs
+
+FIRST_TOKEN = 1000  # the token id the prefill engine "samples" (the simulator's ids carry no meaning)
+
+
+def prompt_of(spec: RequestSpec) -> list[int]:
+    """The prompt's token ids, as Simulator admits it (a length alone becomes that many ids)."""
+    return spec.prompt if isinstance(spec.prompt, list) else [1] * max(1, spec.prompt_tokens)
+
+
+class DecodeEngine(Simulator):
+    """A Simulator that also serves requests whose prompt a prefill engine computes. Their events (first token
+    came, pull ended, prefill here after all) are handled at the first step boundary at or after their time, as
+    the engine's step loop drains its queue of reserve/admit/add messages before each step."""
+
+    def __init__(self, cost: StepCost, knobs: Knobs, transfer: TransferCost, idle_wait: float | None = 0.5,
+                 **sim_options) -> None:
+        super().__init__(cost, [], knobs, **sim_options)
+        self.transfer = transfer
+        self.idle_wait = idle_wait  # AsyncEngine._loop's wait when idle; None: a reserve wakes the loop
+        self._idle_from: float | None = None  # when the idle loop's current rhythm of waits began
+        self._events: list[tuple[float, int, str, str]] = []  # heap of (time, order, kind, request id)
+        self._order = itertools.count()
+        self._remote: dict[str, Sequence] = {}  # sent away, not yet in this engine's scheduler
+        self._owed: list[tuple[float, float]] = []  # pulls in flight: (end, seconds the next step loses)
+        self.fallbacks: Counter[str] = Counter()  # the engine's remote_prefill_fallbacks_total reasons
+        self.transfers: list[tuple[int, float]] = []  # (tokens pulled, seconds) of every pull
+
+    # -- the decode engine's side of one remote prefill --------------------------------------------------
+    def expect(self, spec: RequestSpec) -> str:
+        """A request routed to a prefill engine at its arrival: the client's record starts now."""
+        prompt = prompt_of(spec)
+        self._ids += 1
+        rid = f"sim-{self._ids}"
+        self._remote[rid] = Sequence(rid, list(prompt), SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
+                                                                       ignore_eos=True))
+        rec = RequestRecord(kind=spec.kind, prompt_tokens=len(prompt), start=spec.arrival)
+        self._live[rid] = rec
+        self.records.append(rec)
+        self.arrivals.append((spec.arrival, len(prompt), spec.max_tokens))
+        if self._idle_from is not None:  # the request's arrival wakes an idle loop (AsyncEngine.generate)
+            self._idle_from = max(self._idle_from, spec.arrival)
+        return rid
+
+    def first_token(self, rid: str, at: float) -> None:
+        """The prefill engine sampled the first token at `at`: the client has it then; the pull begins."""
+        seq, rec = self._remote[rid], self._live[rid]
+        seq.output_token_ids.append(FIRST_TOKEN)
+        seq.num_new_tokens = 1
+        rec.first_token = at
+        rec.token_times.append(at)
+        rec.output_tokens = 1
+        if seq.params.max_tokens <= 1:  # done with its first token: the lease is released unread
+            rec.end = at
+            del self._live[rid], self._remote[rid]
+            return
+        self._post(at, "reserve", rid)
+
+    def _post(self, at: float, kind: str, rid: str) -> None:
+        heapq.heappush(self._events, (at, next(self._order), kind, rid))
+
+    def _quiet(self, kind: str) -> bool:
+        """Whether an event leaves an idle loop asleep: only the reserve, and only while idle_wait is set."""
+        return kind == "reserve" and self.idle_wait is not None
+
+    def _seen_at(self, at: float) -> float:
+        """When the idle loop's waits, begun at _idle_from, first end at or after `at`."""
+        k = max(0, math.ceil((at - self._idle_from) / self.idle_wait - 1e-9))
+        return self._idle_from + k * self.idle_wait
+
+    def _admit(self) -> None:
+        arrived = len(self.pending)
+        super()._admit()
+        woke = len(self.pending) < arrived or self._idle_from is None  # a step just ended, or an arrival woke it
+        due, later = [], []
+        while self._events and self._events[0][0] <= self.now:
+            event = heapq.heappop(self._events)
+            woke = woke or not self._quiet(event[2])
+            due.append(event)
+        for event in due:  # a quiet event an idle loop has not looked for yet stays queued
+            if not woke and self._quiet(event[2]) and self._seen_at(event[0]) > self.now + 1e-12:
+                later.append(event)
+        for event in later:
+            due.remove(event)
+            heapq.heappush(self._events, event)
+        self._handle(due)
+        # the loop's rhythm: steps while there is work; idle, waits from the moment it last woke
+        if self.scheduler.has_work:
+            self._idle_from = None
+        elif woke:
+            self._idle_from = self.now
+
+    def _handle(self, due: list[tuple[float, int, str, str]]) -> None:
+        for _, _, kind, rid in due:  # what is posted now waits for the next boundary, as in the engine
+            seq = self._remote[rid]
+            if kind == "reserve":
+                self._reserve(seq)
+            elif kind == "admit":
+                seq.num_computed_tokens = len(seq.prompt_token_ids)
+                self.scheduler.add_prefilled(seq)
+                del self._remote[rid]
+            else:  # "add": prefill here, the first token included (the engine's fallback path)
+                self.scheduler.add(seq)
+                del self._remote[rid]
+
+    def _reserve(self, seq: Sequence) -> None:
+        # as LLMEngine's "reserve": a running slot and blocks for every prompt token, or the no_room fallback
+        n = len(seq.prompt_token_ids)
+        if not (self.scheduler.has_room and self.scheduler.block_manager.allocate_prompt(seq, n)):
+            self.fallbacks["no_room"] += 1
+            self._post(self.now, "add", seq.request_id)
+            return
+        bs = self.scheduler.block_manager.block_size
+        tokens = n - (seq.num_cached_tokens // bs) * bs  # only the blocks this engine's cache lacks move
+        seconds = self.transfer.seconds(tokens, bs)
+        self.transfers.append((tokens, seconds))
+        self._owed.append((self.now + seconds, seconds * self.transfer.step_loop_share))
+        self._post(self.now + seconds, "admit", seq.request_id)
+
+    # -- the Simulator's hooks -----------------------------------------------------------------------------
+    def _next_event(self) -> float | None:
+        times = [super()._next_event()] + [self._seen_at(t) if self._quiet(kind) and self._idle_from is not None
+                                           else t for t, _, kind, _ in self._events]
+        times = [t for t in times if t is not None]
+        return min(times) if times else None
+
+    def _stolen(self) -> float:
+        # pulls still running when this step starts take their CPU time from it; those that ended while the
+        # engine stood idle took nothing from it
+        owed = sum(s for end, s in self._owed if end > self.now)
+        self._owed = []
+        return owed
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.scheduler.has_work or self._events or self._remote)
+
+
+@dataclass
+class SplitFleet:
+    """`prefill` prefill engines and `decode` decode engines on one virtual clock; clients talk to the decode
+    engines only (the balancer picks one per arrival, as a Service does)."""
+
+    cost: StepCost  # both roles' step cost, unless prefill_cost is given
+    requests: list[RequestSpec]
+    decode_knobs: Knobs
+    prefill_knobs: Knobs
+    prefill: int = 1
+    decode: int = 1
+    threshold: float = 256  # uncached prompt tokens above which a prompt goes to a prefill engine; inf: never
+    transfer: TransferCost = field(default_factory=transfer_cost.default)
+    prefill_max_waiting: int = 8  # the engine's --prefill-max-waiting: saturated above it
+    balancer: str = "round-robin"
+    prefill_cost: StepCost | None = None
+    idle_wait: float | None = 0.5  # the decode engines' idle step loop (see DecodeEngine); None: reserves wake it
+    sim_options: dict = field(default_factory=dict)
+    seed: int = 0  # the power-of-two choice's draws
+
+    def __post_init__(self) -> None:
+        if self.balancer not in BALANCERS:
+            raise ValueError(f"balancer must be one of {', '.join(BALANCERS)}, got {self.balancer!r}")
+        if self.decode < 1 or self.prefill < 0:
+            raise ValueError(f"a split needs >= 1 decode and >= 0 prefill engines, got {self.decode}, {self.prefill}")
+        if self.threshold < 0:
+            raise ValueError(f"threshold must be >= 0 (math.inf: never split), got {self.threshold}")
+        self.now = 0.0
+        self.pending = deque(sorted(self.requests, key=lambda r: r.arrival))
+        self.decodes = [DecodeEngine(self.cost, self.decode_knobs, self.transfer, self.idle_wait, **self.sim_options)
+                        for _ in range(self.decode)]
+        self.prefills = [Simulator(self.prefill_cost or self.cost, [], self.prefill_knobs, **self.sim_options)
+                         for _ in range(self.prefill)]
+        # per prefill engine: the index of each request in its records -> (decode engine, request id there)
+        self._awaiting: list[dict[int, tuple[DecodeEngine, str]]] = [{} for _ in self.prefills]
+        self._sent = [0] * self.prefill
+        self._rng = random.Random(self.seed)
+        self._next = 0
+        self.routed: Counter[str] = Counter()  # local (at or below the threshold), remote, saturated
+
+    # -- routing ---------------------------------------------------------------------------------------------
+    def _decode_for(self) -> DecodeEngine:
+        if self.balancer == "round-robin":
+            target = self.decodes[self._next % len(self.decodes)]
+            self._next += 1
+            return target
+        return min(self.decodes, key=lambda d: d.in_system)
+
+    def _prefill_for(self) -> int | None:
+        peers = [Peer(str(i), PeerLoad(num_waiting=len(p.scheduler.waiting) + len(p.pending),
+                                       num_running=len(p.scheduler.running), agent="", fingerprint=""))
+                 for i, p in enumerate(self.prefills)]
+        peer = choose(peers, self.prefill_max_waiting, self._rng)
+        return None if peer is None else int(peer.url)
+
+    def _route(self, spec: RequestSpec) -> None:
+        target = self._decode_for()
+        uncached = len(prompt_of(spec))  # no prefix cache in the simulator
+        if uncached <= self.threshold or not self.prefills:
+            self.routed["local"] += 1
+            target.pending.append(spec)
+            return
+        i = self._prefill_for()
+        if i is None:
+            self.routed["saturated"] += 1
+            target.pending.append(spec)
+            return
+        self.routed["remote"] += 1
+        self._awaiting[i][self._sent[i]] = (target, target.expect(spec))
+        self._sent[i] += 1
+        self.prefills[i].pending.append(RequestSpec(spec.kind, spec.prompt, 1, spec.arrival, spec.prompt_tokens))
+
+    # -- time ------------------------------------------------------------------------------------------------
+    def _step_to(self, t: float) -> None:
+        # prefill engines first: every first token they sample up to t is posted before a decode engine passes it
+        for p in self.prefills:
+            p.advance(t)
+        for p, awaiting in zip(self.prefills, self._awaiting):
+            for k in [k for k in awaiting if k < len(p.records) and p.records[k].first_token is not None]:
+                decode, rid = awaiting.pop(k)
+                decode.first_token(rid, p.records[k].first_token)
+        for d in self.decodes:
+            d.advance(t)
+        self.now = t
+
+    def advance(self, until: float) -> None:
+        while self.pending and self.pending[0].arrival <= until:
+            spec = self.pending.popleft()
+            self._step_to(max(self.now, spec.arrival))
+            self._route(spec)
+        self._step_to(max(self.now, until))
+
+    def run(self) -> list[RequestRecord]:
+        while (self.pending or any(d.busy for d in self.decodes)
+               or any(p.pending or p.scheduler.has_work for p in self.prefills)):
+            self.advance(self.now + 60.0)
+        return self.records()
+
+    def records(self) -> list[RequestRecord]:
+        """What the clients saw (the decode engines' records), in arrival order."""
+        return sorted((r for d in self.decodes for r in d.records), key=lambda r: r.start)
+
+    @property
+    def fallbacks(self) -> Counter[str]:
+        return sum((d.fallbacks for d in self.decodes), Counter())
+
+
+def colocated(cost: StepCost, requests: list[RequestSpec], knobs: Knobs, engines: int = 1,
+              **sim_options) -> list[RequestRecord]:
+    """`engines` colocated engines behind a round robin (request i to engine i mod n): the split's baseline."""
+    ordered, out = sorted(requests, key=lambda r: r.arrival), []
+    for i in range(engines):
+        out += Simulator(cost, ordered[i::engines], knobs, **sim_options).run()
+    return sorted(out, key=lambda r: r.start)
