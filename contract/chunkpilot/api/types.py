@@ -344,7 +344,7 @@ class DisaggregationSpec(_Model):
 
     @property
     def enabled(self) -> bool:
-        """on and auto alike: auto renders as on until the tuner chooses the split."""
+        """on and auto alike: auto renders as on (the tuner chooses the decode pods' threshold, not yet the split)."""
         return self.mode != "off"
 
     def role(self, name: str) -> RoleSpec:
