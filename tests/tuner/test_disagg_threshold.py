@@ -331,3 +331,43 @@ def test_the_tuner_writes_its_threshold_into_status_scheduler_and_waits_for_ever
     plain = Kube()
     StatusActuator(StatusWriter(plain, "ml", "llm"), Knobs(128, 64), 0).apply(Knobs(96, 32))
     assert plain.patches[-1] == {"scheduler": {"tokenBudget": 96, "maxChunk": 32, "source": "tuner", "generation": 1}}
+
+
+def test_tune_one_measures_a_disaggregated_resource_on_its_decode_pods_and_searches_its_threshold():
+    """The resource's thread builds its loop with the decode pods' selector and the threshold grid."""
+    import threading
+
+    import kopf
+
+    from chunkpilot.tuner import daemon
+    from chunkpilot.tuner.retry import Backoff
+
+    raw = {"metadata": {"namespace": "ml", "name": "llm", "uid": "u1", "generation": 1},
+           "spec": {**SPEC, "disaggregation": {"mode": "auto"}}}
+
+    class Kube:
+        def read_inference_deployment(self, namespace, name):
+            return raw
+
+    stop, built = threading.Event(), {}
+
+    class Loop:
+        class study:
+            @staticmethod
+            def total_completed():
+                return 0
+
+        def iterate(self):
+            stop.set()
+
+    def build_loop(config, actuator, measurer, publisher, **_):
+        built.update(config=config, measurer=measurer, start=actuator.current())
+        return Loop()
+
+    sources = daemon.Sources(measurer=lambda selector, slo, sleep: selector, events=lambda raw: lambda *e: None,
+                             build_loop=build_loop, backoff=lambda: Backoff(0.01, 1.0))
+    memo = kopf.Memo(kube=Kube(), cluster=CLUSTER, metrics=None)
+    daemon.tune_one("ml", "llm", "u1", memo, stop, sources)
+    assert built["measurer"] == 'namespace="ml",service="llm",service!="llm-prefill",pod!~"llm-prefill-.*"'
+    assert built["config"].space().thresholds[-1] == DISAGG_NEVER
+    assert built["start"].disagg_threshold is None  # the pods run the spec's threshold until the first trial
