@@ -286,6 +286,10 @@ def test_the_knobs_have_one_type():
     status = SchedulerStatus.of(k, source="tuner", generation=3)
     assert status.knobs == k and status.generation == 3 and status.source == "tuner"
     assert SchedulerSpec(tokenBudget=96, maxChunk=32).knobs == k
+    # the decode pods' disaggregation threshold, where the tuner searches it, travels in the same type
+    split = Knobs(96, 32, 512)
+    assert parse_knobs(dumps_knobs(SchedulerKnobs.of(split, 7))).knobs == split
+    assert SchedulerStatus.of(split, source="tuner", generation=3).knobs == split
 
 
 def test_the_slo_has_one_type():

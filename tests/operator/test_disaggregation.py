@@ -16,7 +16,7 @@ from chunkpilot.api import InferenceDeployment
 from chunkpilot.api import types as t
 from chunkpilot.api.crd import PRINTER_COLUMNS
 from chunkpilot.contract import engine_settings as es
-from chunkpilot.contract.knobs import SchedulerKnobs, parse_knobs
+from chunkpilot.contract.knobs import DISAGG_NEVER, SchedulerKnobs, parse_knobs
 from chunkpilot.operator import builders as b
 from chunkpilot.operator.conditions import Problem, RolePods, role_conditions, status_patch
 
@@ -341,3 +341,44 @@ def test_the_reference_pages_example_is_admitted_and_rendered():
     # a bare `on` is YAML 1.1's true: refused, by the schema's type and by the types
     with pytest.raises(ValidationError, match="mode"):
         t.DisaggregationSpec.model_validate(yaml.safe_load("mode: on"))
+
+
+# ---- the tuner's threshold (disaggregation auto, tuning auto) ------------------------------------------------------
+def test_the_tuners_threshold_goes_to_the_decode_pods_alone():
+    obj = disaggregated({**ON, "mode": "auto"})
+    # before the tuner chooses: the spec's knobs, no threshold (the pods' --disagg-threshold holds)
+    assert t.desired_knobs(obj, "decode") == (SchedulerKnobs(128, 64, 2), "spec")
+    obj.status.scheduler = t.SchedulerStatus.of(t.Knobs(256, 32, 512), source="tuner", generation=9)
+    assert obj.status.scheduler.disagg_threshold == 512
+    assert t.desired_knobs(obj, "decode") == (SchedulerKnobs(256, 32, 9, 512), "tuner")
+    assert t.desired_knobs(obj, "prefill") == (SchedulerKnobs(256, 32, 9), "tuner")  # a prefill pod routes nothing
+    assert t.desired_knobs(obj) == (SchedulerKnobs(256, 32, 9, 512), "tuner")  # the tuner's own view: whole
+    # the durable copy: the decode pods' file carries it, the prefill pods' does not
+    data = b.knobs_configmap(obj)["data"]
+    assert json.loads(data["knobs-decode.json"])["disagg_threshold"] == 512
+    assert "disagg_threshold" not in json.loads(data["knobs-prefill.json"])
+    # never: the number the engine takes, shown as never where people read it
+    obj.status.scheduler = t.SchedulerStatus.of(t.Knobs(256, 32, DISAGG_NEVER), source="tuner", generation=10)
+    assert parse_knobs(b.knobs_configmap(obj)["data"]["knobs-decode.json"]).disagg_threshold == DISAGG_NEVER
+    # out of auto, a threshold left in status.scheduler is not delivered: the spec's threshold holds again
+    on = disaggregated(ON)
+    on.status.scheduler = obj.status.scheduler
+    assert t.desired_knobs(on, "decode") == (SchedulerKnobs(256, 32, 10), "tuner")
+    plain = disaggregated({"mode": "off"})
+    plain.status.scheduler = obj.status.scheduler
+    assert t.desired_knobs(plain) == (SchedulerKnobs(256, 32, 10), "tuner")
+    # status' dump leaves the field out where it is not set (status.scheduler of every other resource as before)
+    assert "disaggThreshold" not in t.SchedulerStatus.of(t.Knobs(256, 32), source="tuner", generation=1).model_dump(
+        by_alias=True, exclude_none=True)
+
+
+def test_the_tuners_wait_counts_each_pod_at_its_roles_knobs():
+    """applied_everywhere: decode pods must acknowledge the threshold too, prefill pods the knobs without it."""
+    want = SchedulerKnobs(256, 32, 9, 512)
+    pods = [t.PodKnobs(pod="d", role="decode", tokenBudget=256, maxChunk=32, generation=9, disaggThreshold=512),
+            t.PodKnobs(pod="p", role="prefill", tokenBudget=256, maxChunk=32, generation=9)]
+    status = t.KnobsStatus(tokenBudget=256, maxChunk=32, generation=9, disaggThreshold=512, pods=pods)
+    assert status.applied_everywhere(want, ready_replicas=2)
+    dropped = [pods[0].model_copy(update={"disagg_threshold": None}), pods[1]]  # a decode pod without it
+    assert not status.model_copy(update={"pods": dropped}).applied_everywhere(want, ready_replicas=2)
+    assert not status.applied_everywhere(SchedulerKnobs(256, 32, 9, 1024), ready_replicas=2)

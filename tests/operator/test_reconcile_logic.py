@@ -12,7 +12,7 @@ from chunkpilot.api import types as t
 
 from chunkpilot.api.types import (Condition, InferenceDeploymentSpec, KnobsStatus, SchedulerStatus,
                                   desired_knobs)
-from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.knobs import DISAGG_NEVER, SchedulerKnobs
 from chunkpilot.kube.conditions import merge_conditions
 from chunkpilot.operator import builders
 from chunkpilot.operator.apply import APPLIED_HASH, is_subset, plan, with_hash
@@ -367,3 +367,50 @@ def test_a_refused_disaggregation_is_an_invalid_spec_with_an_event_and_changes_n
     degraded = next(c for c in kube.resource["status"]["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "InvalidSpec" and "tensorParallelSize 1" in degraded["message"]
     assert ("Warning", "InvalidSpec", out.problem.message) in events
+
+
+def test_the_tuners_threshold_is_pushed_to_the_decode_pods_alone():
+    """Disaggregation auto with tuning auto: the threshold the tuner wrote into status.scheduler goes to the
+    decode pods (push and ConfigMap), never to the prefill pods, and every pod's answer is recorded with it."""
+    from chunkpilot.operator.knobs_delivery import one_by_one
+    from chunkpilot.operator.reconciler import Reconciler
+
+    kube = MemoryKube(_resource({**ON_SPLIT, "mode": "auto"}))
+    pushed: list[tuple[str, SchedulerKnobs]] = []
+    events: list[str] = []
+
+    class Pusher:
+        def for_token(self, token):
+            return one_by_one(lambda pod, knobs: pushed.append((pod.name, knobs)) or knobs)
+    r = Reconciler(kube, builders.OperatorSettings(admin_token_key="k"),
+                   lambda raw, type_, reason, message: events.append(f"{reason}: {message}"), pusher=Pusher())
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    kube.run_pods()
+    kube.resource["status"]["scheduler"] = {"tokenBudget": 256, "maxChunk": 128, "source": "tuner",
+                                            "generation": 7, "disaggThreshold": 512}
+    pushed.clear()
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert sorted(pushed) == [("smollm2-decode-0", SchedulerKnobs(256, 128, 7, 512)),
+                              ("smollm2-decode-1", SchedulerKnobs(256, 128, 7, 512)),
+                              ("smollm2-prefill-0", SchedulerKnobs(256, 128, 7)),
+                              ("smollm2-prefill-1", SchedulerKnobs(256, 128, 7))]
+    status = t.InferenceDeploymentStatus.model_validate(kube.resource["status"])
+    assert status.knobs.disagg_threshold == 512 and status.knobs.applied_replicas == 2
+    assert {(p.pod, p.disagg_threshold) for p in status.knobs.pods} == {
+        ("smollm2-decode-0", 512), ("smollm2-decode-1", 512), ("smollm2-prefill-0", None),
+        ("smollm2-prefill-1", None)}
+    assert status.disaggregation.decode.knobs.disagg_threshold == 512
+    assert status.disaggregation.prefill.knobs.disagg_threshold is None
+    # the tuner's wait: every pod at its role's knobs
+    assert status.knobs.applied_everywhere(SchedulerKnobs(256, 128, 7, 512), status.ready_replicas)
+    data = kube.objects[("ConfigMap", "ml", "smollm2-knobs")]["data"]
+    assert '"disagg_threshold": 512' in data["knobs-decode.json"] and "disagg" not in data["knobs-prefill.json"]
+    assert any("decode: token budget 256, max chunk 128, disaggregation threshold 512" in e for e in events), events
+    pushed.clear()
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert pushed == []  # acknowledged, threshold and all: nothing pushed again
+    # never: pushed as the engine's integer, shown as never
+    kube.resource["status"]["scheduler"] |= {"generation": 8, "disaggThreshold": DISAGG_NEVER}
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert {k.disagg_threshold for name, k in pushed if "decode" in name} == {DISAGG_NEVER}
+    assert any("disaggregation threshold never" in e for e in events), events

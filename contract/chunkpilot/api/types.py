@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chunkpilot.contract import engine_settings as defaults
-from chunkpilot.contract.knobs import Knobs, SchedulerKnobs
+from chunkpilot.contract.knobs import DISAGG_NEVER, Knobs, SchedulerKnobs
 from chunkpilot.contract.slo import DEFAULT_QUANTILE, LatencyTarget, SLOTargets
 
 GROUP = "chunkpilot.io"
@@ -317,12 +317,15 @@ class DisaggregationSpec(_Model):
     mode: Literal["off", "on", "auto"] = Field(
         "off", description="off: every pod prefills and decodes (spec.replicas pods; absent is off); on: "
                            "prefill.replicas prefill pods behind a headless Service and decode.replicas decode pods "
-                           "behind the client Service; auto: as on for now, with the given split (the tuner does "
-                           "not choose it yet). Quote it in YAML (\"on\", \"off\"): YAML 1.1, which kubectl reads, "
+                           "behind the client Service; auto: as on, and with tuning.mode auto the tuner searches "
+                           "the decode pods' threshold beside the knobs (never, that is colocated, included and "
+                           "measured first; status.scheduler.disaggThreshold), the split staying as given. Quote it in YAML (\"on\", \"off\"): YAML 1.1, which kubectl reads, "
                            "takes a bare on or off for a boolean, and the API server then refuses it as one.")
     threshold: int = Field(defaults.DISAGG_THRESHOLD, ge=0, le=1_048_576,
                            description="Uncached prompt tokens above which a decode pod has a prefill pod compute "
-                                       "the prompt; at or below it the decode pod prefills it itself, chunked.")
+                                       "the prompt; at or below it the decode pod prefills it itself, chunked. "
+                                       "The pods' start-up value: in mode auto with tuning.mode auto the tuner's "
+                                       "choice replaces it.")
     transport: Literal[defaults.KV_TRANSPORTS] = Field(  # type: ignore[valid-type]
         defaults.KV_TRANSPORTS[0], description="How KV blocks move between the pods: nixl (NVIDIA's transfer "
                                                "library over UCX; between pods over TCP).")
@@ -341,7 +344,7 @@ class DisaggregationSpec(_Model):
 
     @property
     def enabled(self) -> bool:
-        """on and auto alike: auto renders as on until the tuner chooses the split."""
+        """on and auto alike: auto renders as on (the tuner chooses the decode pods' threshold, not yet the split)."""
         return self.mode != "off"
 
     def role(self, name: str) -> RoleSpec:
@@ -484,19 +487,29 @@ class Condition(_Model):
     observed_generation: int | None = Field(None, alias="observedGeneration", description="Generation seen.")
 
 
+# status' words for a threshold: the number, or DISAGG_NEVER for "never" (chunkpilot.contract.knobs owns both)
+_THRESHOLD_WORDS = (f"Uncached prompt tokens above which the decode pods send a prompt to a prefill pod; "
+                    f"{DISAGG_NEVER} means never (every prompt prefilled on the decode pod, as colocated).")
+
+
 class SchedulerStatus(_Model):
     token_budget: int = Field(..., alias="tokenBudget", description="Token budget the pods should apply.")
     max_chunk: int = Field(..., alias="maxChunk", description="Max chunk the pods should apply.")
     source: Literal["spec", "tuner"] = Field("spec", description="Who chose these knobs.")
     generation: int = Field(0, ge=0, description="Knob generation; pods export the one they applied.")
+    disagg_threshold: int | None = Field(
+        None, alias="disaggThreshold", ge=0, le=DISAGG_NEVER,
+        description="Disaggregation mode auto with tuning mode auto: the threshold the tuner chose for the decode "
+                    "pods (absent: disaggregation.threshold, the pods' start-up setting, holds). " + _THRESHOLD_WORDS)
 
     @classmethod
     def of(cls, knobs: Knobs, *, source: str, generation: int) -> "SchedulerStatus":
-        return cls(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk, source=source, generation=generation)
+        return cls(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk, source=source, generation=generation,
+                   disagg_threshold=knobs.disagg_threshold)
 
     @property
     def knobs(self) -> Knobs:
-        return Knobs(self.token_budget, self.max_chunk)
+        return Knobs(self.token_budget, self.max_chunk, self.disagg_threshold)
 
 
 class PodKnobs(_Model):
@@ -508,10 +521,13 @@ class PodKnobs(_Model):
     token_budget: int = Field(..., alias="tokenBudget", description="Token budget the pod reported applying.")
     max_chunk: int = Field(..., alias="maxChunk", description="Max chunk the pod reported applying.")
     generation: int = Field(0, ge=0, description="Knob generation the pod reported applying.")
+    disagg_threshold: int | None = Field(None, alias="disaggThreshold", ge=0,
+                                         description="Decode pods: the disaggregation threshold the pod reported "
+                                                     "applying, where its knobs carry one. " + _THRESHOLD_WORDS)
 
     @property
     def scheduler_knobs(self) -> SchedulerKnobs:
-        return SchedulerKnobs(self.token_budget, self.max_chunk, self.generation)
+        return SchedulerKnobs(self.token_budget, self.max_chunk, self.generation, self.disagg_threshold)
 
 
 class KnobsStatus(_Model):
@@ -520,6 +536,9 @@ class KnobsStatus(_Model):
     token_budget: int = Field(..., alias="tokenBudget", description="Token budget delivered to the pods.")
     max_chunk: int = Field(..., alias="maxChunk", description="Max chunk delivered to the pods.")
     generation: int = Field(0, ge=0, description="Generation of the knobs delivered.")
+    disagg_threshold: int | None = Field(None, alias="disaggThreshold", ge=0,
+                                         description="The disaggregation threshold delivered to the decode pods, "
+                                                     "where the tuner chose one. " + _THRESHOLD_WORDS)
     source: Literal["spec", "tuner"] = Field("spec", description="Whose knobs: spec.scheduler, or the tuner's "
                                                                  "status.scheduler (tuning.mode auto).")
     applied_replicas: int = Field(0, alias="appliedReplicas", ge=0,
@@ -528,17 +547,21 @@ class KnobsStatus(_Model):
 
     @property
     def scheduler_knobs(self) -> SchedulerKnobs:
-        return SchedulerKnobs(self.token_budget, self.max_chunk, self.generation)
+        return SchedulerKnobs(self.token_budget, self.max_chunk, self.generation, self.disagg_threshold)
 
     def applied_everywhere(self, knobs: SchedulerKnobs, ready_replicas: int) -> bool:
-        """Every ready pod acknowledged exactly `knobs` (values and generation): the tuner's wait."""
-        return (self.scheduler_knobs == knobs and len(self.pods) >= max(1, ready_replicas)
-                and all(p.scheduler_knobs == knobs for p in self.pods))
+        """Every ready pod acknowledged exactly `knobs` (values and generation) as its role runs them
+        (role_knobs: a prefill pod without the threshold): the tuner's wait."""
+        return (self.scheduler_knobs == role_knobs(knobs, "decode") and len(self.pods) >= max(1, ready_replicas)
+                and all(p.scheduler_knobs == role_knobs(knobs, p.role) for p in self.pods))
 
 
 class KnobsMeasurement(_Model):
     token_budget: int = Field(..., alias="tokenBudget", description="Token budget.")
     max_chunk: int = Field(..., alias="maxChunk", description="Max chunk.")
+    disagg_threshold: int | None = Field(None, alias="disaggThreshold", ge=0,
+                                         description="Disaggregation threshold of the decode pods, where the tuner "
+                                                     "searches it. " + _THRESHOLD_WORDS)
     objective: float | None = Field(None, description="Objective value measured.")
     ttft_seconds: float | None = Field(None, alias="ttftSeconds", description="Measured TTFT at the SLO percentile.")
     itl_seconds: float | None = Field(None, alias="itlSeconds", description="Measured ITL at the SLO percentile.")
@@ -629,6 +652,15 @@ class InferenceDeployment(_Model):
     status: InferenceDeploymentStatus = Field(default_factory=InferenceDeploymentStatus)
 
 
+def role_knobs(knobs: SchedulerKnobs, role: str | None) -> SchedulerKnobs:
+    """The knobs a pod of `role` runs of the deployment's `knobs`: the disaggregation threshold is the decode
+    pods' alone (a prefill pod routes nothing), so a prefill pod's knobs never carry it. Role None (every pod of a
+    resource without disaggregation, or the tuner's own view) keeps them whole."""
+    if role == "prefill" and knobs.disagg_threshold is not None:
+        return SchedulerKnobs(knobs.token_budget, knobs.max_chunk, knobs.generation)
+    return knobs
+
+
 def desired_knobs(obj: InferenceDeployment,
                   role: str | None = None) -> tuple[SchedulerKnobs, Literal["spec", "tuner"]]:
     """The knobs the pods should run now, and whose they are: one owner per mode. In tuning mode auto, once the
@@ -639,10 +671,16 @@ def desired_knobs(obj: InferenceDeployment,
 
     With `role` (a disaggregated deployment's prefill or decode pods), the spec's knobs are the role's own
     (spec.disaggregation.<role>.knobs) where it has them, under the same generation (they are part of the spec);
-    the tuner's, once chosen, go to both roles alike."""
+    the tuner's, once chosen, go to both roles alike, but for the disaggregation threshold the tuner chose
+    (disaggregation mode auto), which only the decode pods get (role_knobs). The spec's knobs carry no threshold:
+    the pods' start-up --disagg-threshold (spec.disaggregation.threshold) holds until the tuner chooses one."""
     st = obj.status.scheduler
     if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner":
-        return SchedulerKnobs.of(st.knobs, st.generation), "tuner"
+        knobs = SchedulerKnobs.of(st.knobs, st.generation)
+        d = obj.spec.disaggregation
+        if d is None or d.mode != "auto":  # a threshold left from an earlier auto: the spec's threshold holds now
+            knobs = SchedulerKnobs(knobs.token_budget, knobs.max_chunk, knobs.generation)
+        return role_knobs(knobs, role), "tuner"
     generation = int(obj.metadata.get("generation") or 0) + (st.generation if st is not None else 0)
     scheduler = obj.spec.scheduler
     if role is not None and obj.spec.disaggregation is not None:

@@ -12,14 +12,46 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+# The disaggregation threshold that sends no prompt to a prefill pod: every prompt is prefilled on the decode pod
+# that received it, as a colocated engine does. The engine routes a prompt remotely only when its uncached tokens
+# are > the threshold (engine/kv_transfer/decode_side.py `route`), and no prompt is longer than the largest context
+# the API admits (ModelSpec.maxModelLen <= 1_048_576 = 2^20 tokens; the engine refuses longer prompts), so this
+# integer, which every engine accepts today, means "never". Humans read it as "never" (threshold_text).
+DISAGG_NEVER = 1_048_576
+
+
+def threshold_text(threshold: int | None) -> str:
+    """A disaggregation threshold as status, Events and logs show it: "never" for DISAGG_NEVER (colocated)."""
+    if threshold is None:
+        return "start-up"  # no threshold pushed: the engine's --disagg-threshold holds
+    return "never" if threshold >= DISAGG_NEVER else str(threshold)
+
+
 @dataclass(frozen=True)
 class Knobs:
-    """The two numbers: what the tuner searches over and what a pod applies. The one value type of the knobs;
-    the file adds a generation (SchedulerKnobs), the API's SchedulerSpec and SchedulerStatus convert with
-    `.knobs` and `SchedulerStatus.of`."""
+    """The numbers a pod applies: what the tuner searches over. The one value type of the knobs; the file adds a
+    generation (SchedulerKnobs), the API's SchedulerSpec and SchedulerStatus convert with `.knobs` and
+    `SchedulerStatus.of`.
+
+    `disagg_threshold` is set only where the tuner searches it (spec.disaggregation.mode auto with tuning.mode
+    auto), for the decode pods: the uncached prompt tokens above which they send a prompt to a prefill pod,
+    DISAGG_NEVER for colocated. None everywhere else, so every other resource's knobs are the two numbers as
+    before (equal, hashed and stored alike)."""
 
     token_budget: int
     max_chunk: int
+    disagg_threshold: int | None = None
+
+    @property
+    def budget_and_chunk(self) -> "Knobs":
+        """The two scheduler numbers alone: what the step-time model predicts from (it knows no remote prefill)."""
+        return Knobs(self.token_budget, self.max_chunk) if self.disagg_threshold is not None else self
+
+    @property
+    def colocated(self) -> bool:
+        """No prompt goes to a prefill pod at these knobs as far as the tuner chose: no threshold of its own
+        (None) or DISAGG_NEVER."""
+        return self.disagg_threshold is None or self.disagg_threshold >= DISAGG_NEVER
 
 
 @dataclass(frozen=True)
@@ -35,11 +67,11 @@ class SchedulerKnobs:
 
     @classmethod
     def of(cls, knobs: Knobs, generation: int = 0) -> "SchedulerKnobs":
-        return cls(knobs.token_budget, knobs.max_chunk, generation)
+        return cls(knobs.token_budget, knobs.max_chunk, generation, knobs.disagg_threshold)
 
     @property
     def knobs(self) -> Knobs:
-        return Knobs(self.token_budget, self.max_chunk)
+        return Knobs(self.token_budget, self.max_chunk, self.disagg_threshold)
 
     def validated(self, *, min_token_budget: int = 1, max_token_budget: int | None = None) -> "SchedulerKnobs":
         """Return self if the knobs are usable, else raise ValueError saying which field to change. The one

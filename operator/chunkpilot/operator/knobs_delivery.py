@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # The whole request, connect to last byte: an engine applies knobs at its next step boundary and answers in
 # milliseconds; a pod that has not answered in 3 s is retried on the next pass, and its ConfigMap still holds them.
 PUSH_DEADLINE_SECONDS = 3.0
-# The answer is three integers (~70 bytes); more than this is not an engine talking.
+# The answer is three or four integers (~100 bytes); more than this is not an engine talking.
 MAX_ANSWER_BYTES = 4096
 # Pods pushed at once: a pass over a 64-pod deployment takes one deadline, not 64, without opening 64 sockets.
 PUSH_CONCURRENCY = 16
@@ -112,11 +112,14 @@ def deliver(previous: KnobsStatus | None, desired: SchedulerKnobs, source: str, 
         if isinstance(got, PushError):
             failures.append(f"{pod.name}: {got}")
             continue
+        # the threshold as the pod answered it: a decode pod that dropped the tuner's threshold has not applied them
         entries.append(PodKnobs(pod=pod.name, started=pod.started, token_budget=got.token_budget,
-                                max_chunk=got.max_chunk, generation=got.generation))
+                                max_chunk=got.max_chunk, generation=got.generation,
+                                disagg_threshold=got.disagg_threshold))
     applied = sum(1 for e in entries if e.scheduler_knobs == desired)
     status = KnobsStatus(token_budget=desired.token_budget, max_chunk=desired.max_chunk,
-                         generation=desired.generation, source=source, applied_replicas=applied, pods=entries)
+                         generation=desired.generation, disagg_threshold=desired.disagg_threshold, source=source,
+                         applied_replicas=applied, pods=entries)
     return status, failures
 
 

@@ -22,7 +22,7 @@ from chunkpilot.api.types import (DISAGGREGATED_ROLES, ConditionType, InferenceD
 from chunkpilot.operator import builders
 from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, deliver_by_role, owned_pods, ready_pods
 from chunkpilot.operator.pod_trouble import creating, engine_trouble, mount_trouble, starting
-from chunkpilot.contract.knobs import parse_knobs
+from chunkpilot.contract.knobs import parse_knobs, threshold_text
 from chunkpilot.kube.autoscalers import AutoscalerCheck
 from chunkpilot.kube.client import Kube
 from chunkpilot.kube.conditions import condition, now_rfc3339
@@ -393,7 +393,10 @@ class Reconciler:
             for key, text in want["data"].items():  # one file, or one per role ("prefill: token budget ...")
                 knobs = parse_knobs(text)
                 role = "" if key == builders.KNOBS_FILE else key.removeprefix("knobs-").removesuffix(".json") + ": "
-                said.append(f"{role}token budget {knobs.token_budget}, max chunk {knobs.max_chunk} "
+                # the tuner's threshold (decode pods, disaggregation auto) as people read it: "never" = colocated
+                threshold = ("" if knobs.disagg_threshold is None else
+                             f", disaggregation threshold {threshold_text(knobs.disagg_threshold)}")
+                said.append(f"{role}token budget {knobs.token_budget}, max chunk {knobs.max_chunk}{threshold} "
                             f"(generation {knobs.generation})")
             self.post_event(raw, "Normal", "KnobsChanged",
                             f"{'; '.join(said)}: the pods apply them in place, no restart")

@@ -7,7 +7,16 @@ Guided (a model could be fitted): every knob is judged by the step-time model at
 (chunkpilot.tuner.guide); knobs measured at about this load count by their measurement. The first trial of an
 epoch is the predicted best, unless the pick among the safe knobs turns on a term the steps do not identify
 (then those knobs are measured first); when nothing is allowed, the knobs closest to keeping the SLOs. Without a
-model, Optuna's ask as it comes."""
+model, Optuna's ask as it comes.
+
+The disaggregation threshold (searched in disaggregation mode auto) is Optuna's alone: the step-time model is
+fitted on the decode pods' own steps and knows nothing of a remote prefill's time or its transfer, so it judges
+(token budget, max chunk) as for a colocated pod, which the loop hands in as `grid` (`SearchSpace.pairs`) with only
+the colocated windows measured and calibrating. A colocated ask is screened as any; an ask with a finite threshold
+is taken as it comes, because the model can say nothing about its TTFT, which the remote prefill and the transfer
+make; it is judged by its measurement under the same rules as every trial (the probe's cut, the constraints
+Optuna is told, the margin). The choice's own picks are pairs: the loop runs them at the threshold it holds best
+(colocated until a split measured better)."""
 
 from __future__ import annotations
 
@@ -78,12 +87,15 @@ class Screen:
     fallback: Knobs  # the least-pressure allowed knobs not measured yet, else the least-pressure allowed ones
 
     def takes(self, knobs: Knobs, kind: TrialKind | None) -> bool:
-        return knobs in self.allowed or (kind is not None and kind.unscreened)
+        if not knobs.colocated:  # a split: nothing to predict it with (the module's doc), judged when measured
+            return True
+        return knobs.budget_and_chunk in self.allowed or (kind is not None and kind.unscreened)
 
     def rejection(self, knobs: Knobs) -> tuple[list[float], str]:
         """The constraints and reason an ask not taken is told with."""
-        c = self.judged[knobs]
-        return c.candidate.constraints(self.slo), ("measured infeasible" if knobs in self.measured else
+        pair = knobs.budget_and_chunk
+        c = self.judged[pair]
+        return c.candidate.constraints(self.slo), ("measured infeasible" if pair in self.measured else
                                                    f"predicted pressure {c.pressure:.2f} (> 1)")
 
 
@@ -166,8 +178,9 @@ def choose(memory: Memory, observation: Observation) -> Choice:
         notes.append(f"the pick among the safe knobs depends on {', '.join(split[1])}, which the steps do not "
                      f"identify: trying {split[0].token_budget}/{split[0].max_chunk}, whose steps those terms weigh "
                      f"on most")
-    elif not waiting and all(k == TrialKind.IDENTIFY for k in m.completed_kinds):
-        # the epoch's first trial (after any that identified the model): the predicted best
+    elif not waiting and all(k in (TrialKind.IDENTIFY, TrialKind.COLOCATED) for k in m.completed_kinds):
+        # the epoch's first trial (after any that identified the model or measured the colocated reference of a
+        # searched threshold): the predicted best
         queue, kind = next(c for c in screened if c.knobs in allowed).knobs, TrialKind.PREDICTED
     ranked = [c.knobs for c in screened if c.knobs in allowed]
     untried = [k for k in ranked if k not in measured]

@@ -25,9 +25,15 @@ class TuningConfig:
     seed: int | None = None
     settings: TunerSettings = field(default_factory=TunerSettings)
     scaling: ScalingPolicy = field(default_factory=ScalingPolicy)  # replicas as the last knob (off by default)
+    # disaggregation mode auto (with tuning mode auto): the decode pods' threshold is searched between these
+    # uncached-token counts (space.threshold_grid, "never" added); None: not searched, knobs carry no threshold
+    threshold_bounds: tuple[int, int] | None = None
+    # cluster mode: the Prometheus selector of the series this resource is judged by (daemon.measurement_selector)
+    selector: str | None = None
 
     def space(self) -> SearchSpace:
-        return SearchSpace.from_bounds(self.budget_bounds, self.chunk_bounds, self.step)
+        return SearchSpace.from_bounds(self.budget_bounds, self.chunk_bounds, self.step,
+                                       threshold=self.threshold_bounds)
 
 
 def parse_slo(text: str | None, what: str) -> LatencyTarget | None:

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatus, Condition, ConditionType,
                                   InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus,
                                   SchedulerStatus, SLOStatus, TuningStatus, desired_knobs, knob_refusal)
-from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.knobs import SchedulerKnobs, threshold_text
 from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.kube.autoscalers import AutoscalerCheck
 from chunkpilot.kube.client import Kube, load_config
@@ -48,7 +48,7 @@ from chunkpilot.tuner.loop import TunerLoop, TunerSettings
 from chunkpilot.tuner.metrics import TunerMetrics
 from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
 from chunkpilot.tuner.retry import Backoff
-from chunkpilot.tuner.space import Knobs
+from chunkpilot.tuner.space import DEFAULT_THRESHOLD_MAX, Knobs
 from chunkpilot.tuner.state import TunerState, conditions, dump, status_autoscaling, status_slo, status_tuning
 from chunkpilot.tuner.supervisor import Supervisor
 
@@ -83,12 +83,17 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
         raise ValueError(why)  # the operator's rule: the tuner holds what the operator refuses
     slo = s.slo.targets
     b, a = s.tuning.bounds, s.autoscaling
-    fingerprint = hashlib.sha256(json.dumps({"slo": s.slo.model_dump(), "bounds": b.model_dump(),
-                                             "objective": s.tuning.objective}, sort_keys=True).encode()).hexdigest()[:8]
+    thresholds = threshold_bounds(s)
+    targets = {"slo": s.slo.model_dump(), "bounds": b.model_dump(), "objective": s.tuning.objective}
+    if thresholds is not None:  # another space, another study; every other resource keeps its study's name
+        targets["thresholds"] = list(thresholds)
+    fingerprint = hashlib.sha256(json.dumps(targets, sort_keys=True).encode()).hexdigest()[:8]
     return TuningConfig(
         deployment=f"{namespace}/{name}@{fingerprint}", slo=slo,
         budget_bounds=(b.token_budget.min, b.token_budget.max),
-        chunk_bounds=(b.max_chunk.min, b.max_chunk.max), storage=cluster.storage, seed=cluster.seed,
+        chunk_bounds=(b.max_chunk.min, b.max_chunk.max), threshold_bounds=thresholds,
+        selector=measurement_selector(cluster.selector_template, namespace, name, s.disaggregated),
+        storage=cluster.storage, seed=cluster.seed,
         settings=TunerSettings(mode=s.tuning.mode, objective=s.tuning.objective, window=s.tuning.window_seconds,
                                warmup=s.tuning.warmup_seconds, max_trials=s.tuning.max_trials,
                                min_requests=cluster.min_requests, guidance=s.tuning.guidance,
@@ -97,6 +102,33 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
                               up_stabilization=a.scale_up_stabilization_seconds,
                               down_stabilization=a.scale_down_stabilization_seconds,
                               target_utilization=a.target_prefill_utilization))
+
+
+def threshold_bounds(spec: InferenceDeploymentSpec) -> tuple[int, int] | None:
+    """The decode pods' disaggregation threshold is the tuner's to search only with disaggregation mode auto and
+    tuning mode auto (mode on keeps the spec's threshold; advisory changes nothing): from one KV block (fewer
+    uncached tokens are never worth a transfer) to the longest prompt the model takes (spec.model.maxModelLen, or
+    space.DEFAULT_THRESHOLD_MAX where the spec leaves it to the model); the grid adds "never"."""
+    d = spec.disaggregation
+    if d is None or d.mode != "auto" or spec.tuning.mode != "auto":
+        return None
+    return TuningConfig.step, spec.model.max_model_len or DEFAULT_THRESHOLD_MAX
+
+
+def measurement_selector(template: str, namespace: str, name: str, disaggregated: bool) -> str:
+    """The Prometheus selector of the series a resource is judged by. Disaggregated, the SLOs are the clients',
+    and the clients reach the decode pods alone (the client Service selects them): their TTFT and ITL are end to
+    end, a remote prefill and its transfer included. A prefill pod's own series (its steps, and whatever it
+    records for the prompts it computes for decode pods) are not what any client saw, would count it as a pod
+    carrying the client load, and its steps would pull the decode pods' step-time fit towards long prefill-only
+    steps. The default template's `service="<name>"` already selects the decode pods alone (the ServiceMonitor
+    scrapes the prefill pods as service `<name>-prefill`, builders.prefill_service); the prefill pods are excluded
+    outright as well, by their Service and their pod names (`<name>-prefill-...`, their Deployment's), so that a
+    wider template (a regex on the service or the pod) cannot let them in."""
+    selector = template.format(namespace=namespace, name=name)
+    if disaggregated:
+        selector += f',service!="{name}-prefill",pod!~"{name}-prefill-.*"'
+    return selector
 
 
 class StatusWriter:
@@ -149,7 +181,10 @@ class StatusWriter:
             nonlocal generation
             st = status_scheduler(raw)
             generation = max(newer_than, st.generation if st is not None else 0) + 1
-            return {"scheduler": dump(SchedulerStatus.of(knobs, source="tuner", generation=generation))}
+            scheduler = dump(SchedulerStatus.of(knobs, source="tuner", generation=generation))
+            if knobs.disagg_threshold is None and st is not None and st.disagg_threshold is not None:
+                scheduler["disaggThreshold"] = None  # a merge patch keeps what it leaves out: delete it
+            return {"scheduler": scheduler}
         self._read_modify_write(patch, "knobs", attempts)
         return generation
 
@@ -262,8 +297,11 @@ class StatusPublisher:
                 self.post_event("Normal", "Scaled", f"replicas -> {sc.desired}: {sc.reason}")
         if state.last_change and state.last_change != self._last_change and state.current is not None:
             self._last_change = state.last_change
-            self.post_event("Normal", "KnobsTuned", f"token budget {state.current.token_budget}, max chunk "
-                                                    f"{state.current.max_chunk} ({state.phase.lower()})")
+            k = state.current
+            threshold = ("" if k.disagg_threshold is None else
+                         f", disaggregation threshold {threshold_text(k.disagg_threshold)}")
+            self.post_event("Normal", "KnobsTuned", f"token budget {k.token_budget}, max chunk "
+                                                    f"{k.max_chunk}{threshold} ({state.phase.lower()})")
 
     def publish(self, state: TunerState) -> None:
         self._events(state)
@@ -370,7 +408,6 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
     writer = StatusWriter(kube, namespace, name)
     loop: TunerLoop | None = None
     built_for: TuningConfig | None = None
-    selector = cluster.selector_template.format(namespace=namespace, name=name)
     sleep = stopped.wait  # True once stopped: the measurer gives up its window
     histories = memo.setdefault("scaling_histories", {})
     history = histories.setdefault(uid, [])
@@ -399,7 +436,7 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
             if config != built_for:
                 start, generation = start_knobs(raw)
                 loop = sources.build_loop(config, StatusActuator(writer, start, generation),
-                                          sources.measurer(selector, config.slo, sleep),
+                                          sources.measurer(config.selector, config.slo, sleep),
                                           StatusPublisher(writer, config, memo.metrics, post_event=sources.events(raw)),
                                           scaler=StatusScaler(kube, namespace, name, autoscalers),
                                           scaling_history=history, backoff=backoff)

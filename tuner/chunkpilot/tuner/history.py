@@ -22,11 +22,15 @@ class TrialKind(StrEnum):
     CLOSEST = "closest"  # nothing allowed: the knobs closest to keeping the SLOs
     OBSERVED = "observed"  # advisory: the knobs that run
     RESUMED = "resumed"  # Optuna's ask an earlier tuner left running, queued again
+    # disaggregation auto: the running (or best) budget and chunk with no prompt sent to a prefill pod, measured
+    # first in every epoch, so that a split is kept only where it measured better than colocated
+    COLOCATED = "colocated"
 
     @property
     def unscreened(self) -> bool:
         """Tried as asked: the tuner (or the tuner before a restart) chose these knobs itself."""
-        return self in (TrialKind.INCUMBENT, TrialKind.PREDICTED, TrialKind.IDENTIFY, TrialKind.RESUMED)
+        return self in (TrialKind.INCUMBENT, TrialKind.PREDICTED, TrialKind.IDENTIFY, TrialKind.RESUMED,
+                        TrialKind.COLOCATED)
 
 
 class WindowKind(StrEnum):
@@ -90,7 +94,10 @@ class HistoryEntry:
     def to_dict(self) -> dict:
         """The flat shape every reader of the serialized history knows: the window's fields beside the entry's."""
         return {"epoch": self.epoch, "kind": self.kind.value, "token_budget": self.knobs.token_budget,
-                "max_chunk": self.knobs.max_chunk, "feasible": self.feasible, **self.window.to_dict(),
+                "max_chunk": self.knobs.max_chunk,
+                # only where the threshold is searched: every other entry keeps the shape its readers know
+                **({} if self.knobs.disagg_threshold is None else {"disagg_threshold": self.knobs.disagg_threshold}),
+                "feasible": self.feasible, **self.window.to_dict(),
                 **(self.forecast.to_dict() if self.forecast is not None else {}),
                 **(self.screening.to_dict() if self.screening is not None else {})}
 
@@ -100,5 +107,5 @@ class HistoryEntry:
             d["predicted_itl"], d.get("predicted_ttft"), d.get("predicted_utilization"), d.get("predicted_capacity"),
             d.get("step_model_error"))
         screening = Screening(d["allowed"], d.get("feasible_knobs")) if "allowed" in d else None
-        return cls(epoch=d["epoch"], kind=WindowKind(d["kind"]), knobs=Knobs(d["token_budget"], d["max_chunk"]),
+        return cls(epoch=d["epoch"], kind=WindowKind(d["kind"]), knobs=Knobs(d["token_budget"], d["max_chunk"], d.get("disagg_threshold")),
                    feasible=d["feasible"], window=window_of(d), forecast=forecast, screening=screening)

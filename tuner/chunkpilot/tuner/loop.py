@@ -33,8 +33,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from chunkpilot.contract.knobs import DISAGG_NEVER
 from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner import autoscale, choice, guide, policy, reasons
@@ -247,6 +248,7 @@ class TunerLoop:
             self.study.new_epoch([])
             self.state.reason = reasons.load_moved(made.load_moved, self.study.epoch)
             log.info("%s", self.state.reason)
+        self._colocated_first()
         if made.judgement is None:
             self.state.feasible, self.state.replicas_needed = None, None
         else:
@@ -257,7 +259,7 @@ class TunerLoop:
         for note in made.notes:
             log.info("%s", note)
         if made.queue is not None:
-            self.study.enqueue(made.queue, made.kind)
+            self.study.enqueue(self._at_threshold(made.queue), made.kind)
         if made.screen is None:
             return self.study.ask()
         for _ in range(MAX_REJECTED_ASKS):
@@ -267,14 +269,44 @@ class TunerLoop:
             self.study.reject(trial, *made.screen.rejection(knobs))
         # the sampler keeps asking outside the safe set: the least-pressure allowed knobs not measured yet, else
         # the least-pressure allowed ones
-        self.study.enqueue(made.screen.fallback, TrialKind.PREDICTED)
+        self.study.enqueue(self._at_threshold(made.screen.fallback), TrialKind.PREDICTED)
         return self.study.ask()
 
+    # -- the disaggregation threshold (searched only in disaggregation mode auto: space.thresholds) -------------
+    def _colocated_first(self) -> None:
+        """Every epoch measures the colocated point before anything else: the running (or best) budget and chunk
+        with no prompt sent to a prefill pod. That is the reference a split must beat under the same SLO rules
+        (study.best keeps a split only where it measured better), and the point the tuner falls back to where no
+        split pays. Queued as the incumbent is; nothing happens where the threshold is not searched."""
+        if not self.space.thresholds:
+            return
+        if any(r.knobs is not None and r.knobs.colocated for r in self.study.records()):
+            return  # measured in this epoch
+        if self.study.queued(TrialKind.COLOCATED):
+            return  # queued already
+        best = self.study.best()
+        reference = best.knobs if best is not None else self.space.clamp(self.actuator.current())
+        self.study.enqueue(self.space.colocated(reference), TrialKind.COLOCATED)
+
+    def _at_threshold(self, knobs: Knobs) -> Knobs:
+        """The choice's picks are (budget, chunk) pairs (choice.py: the model knows no remote prefill): they run
+        at the threshold of the best knobs measured, which is never (colocated) until a split measured better."""
+        if not self.space.thresholds or knobs.disagg_threshold is not None:
+            return knobs
+        best = self.study.best()
+        return self.space.colocated(knobs) if best is None or best.knobs.colocated else \
+            Knobs(knobs.token_budget, knobs.max_chunk, best.knobs.disagg_threshold)
+
     def _choice_memory(self) -> choice.Memory:
-        """What choice.choose depends on, read from the study and the recorded windows now."""
-        return choice.Memory(guided=self._guided, epoch=self.study.epoch, grid=tuple(self.space.all_knobs()),
+        """What choice.choose depends on, read from the study and the recorded windows now. With a searched
+        threshold the model judges (budget, chunk) pairs as for colocated pods (choice.py says why): the pairs
+        are the grid, and only the colocated trials count as its measurements."""
+        measured = self.study.measured()
+        if self.space.thresholds:
+            measured = [replace(m, knobs=m.knobs.budget_and_chunk) for m in measured if self._colocated(m.knobs)]
+        return choice.Memory(guided=self._guided, epoch=self.study.epoch, grid=tuple(self.space.pairs()),
                              slo=self.slo, drift_load_shift=self.s.drift_load_shift, max_trials=self.s.max_trials,
-                             trial_windows=tuple(self.study.trial_windows()), measured=tuple(self.study.measured()),
+                             trial_windows=tuple(self.study.trial_windows()), measured=tuple(measured),
                              explored=self.study.explored(), waiting=self.study.waiting(),
                              completed_kinds=tuple(r.kind for r in self.study.records()),
                              calibration=tuple(self._observations()))
@@ -294,10 +326,19 @@ class TunerLoop:
             return None
 
     def _observations(self) -> list[guide.Observation]:
-        """This epoch's windows, measured next to predicted (what calibrates the predictions)."""
-        return [guide.Observation(h.knobs, h.forecast.itl, h.window.itl, h.forecast.ttft, h.window.ttft,
-                                  h.forecast.capacity, h.window.prefill_capacity)
-                for h in self.state.history if h.epoch == self.study.epoch and h.forecast is not None]
+        """This epoch's windows, measured next to predicted (what calibrates the predictions). A window with
+        prompts sent to prefill pods is left out: the model predicts a colocated pod, and a split's lighter decode
+        steps and remote TTFT would bend its calibration for the colocated knobs it judges."""
+        return [guide.Observation(h.knobs.budget_and_chunk, h.forecast.itl, h.window.itl, h.forecast.ttft,
+                                  h.window.ttft, h.forecast.capacity, h.window.prefill_capacity)
+                for h in self.state.history if h.epoch == self.study.epoch and h.forecast is not None
+                and self._colocated(h.knobs)]
+
+    def _colocated(self, knobs: Knobs) -> bool:
+        """Measured with every prompt prefilled on the decode pods, as the model predicts. Where the threshold is
+        searched, knobs without one are the start-up knobs (the baseline window), which ran at the spec's
+        threshold: a split, not colocated. Elsewhere the tuner moves no threshold and every window counts."""
+        return knobs.disagg_threshold == DISAGG_NEVER if self.space.thresholds else True
 
     def _exploit(self) -> Outcome:
         self.state.phase = "Exploiting"
@@ -389,7 +430,7 @@ class TunerLoop:
         observations = self._observations()
         if exploring:  # more pods only if no knobs fit the pods that run: the knobs (of the least-pressure few)
             # that need the fewest pods at the load now
-            few = [c.knobs for c in guide.screen(context, self.space.all_knobs(), self.slo, observations)[:8]]
+            few = [c.knobs for c in guide.screen(context, self.space.pairs(), self.slo, observations)[:8]]
             knobs = min(few, key=lambda k: autoscale.pods_needed(context, k, self.slo,
                                                                  self.replicas.policy.target_utilization,
                                                                  observations) or guide.REPLICAS_CAP + 1)

@@ -5,11 +5,20 @@ it, and where it can say so, what to change."""
 
 from __future__ import annotations
 
+from chunkpilot.contract.knobs import threshold_text
 from chunkpilot.tuner.space import Knobs
 
 
-def _k(knobs: Knobs) -> str:
-    return f"{knobs.token_budget}/{knobs.max_chunk}"
+def knobs_words(knobs: Knobs) -> str:
+    """Knobs as status, Events and logs show them: budget/chunk, and a searched threshold as its number or
+    "never" (colocated)."""
+    if knobs.disagg_threshold is None:  # every resource but disaggregation auto: the two numbers, as always
+        return f"{knobs.token_budget}/{knobs.max_chunk}"
+    return (f"{knobs.token_budget}/{knobs.max_chunk} with disaggregation threshold "
+            f"{threshold_text(knobs.disagg_threshold)}")
+
+
+_k = knobs_words
 
 
 def _s(n: int) -> str:

@@ -1,8 +1,15 @@
-"""The search space: (token_budget, max_chunk) inside the spec's bounds, on a log scale, in multiples of a step.
+"""The search space: (token_budget, max_chunk) inside the spec's bounds, on a log scale, in multiples of a step;
+with disaggregation in auto also the decode pods' threshold.
 
 Optuna cannot sample an integer on a log scale *and* in steps, and max_chunk <= token_budget would make the range
 of one parameter depend on another (which TPE models badly). So both are ordinal indices into fixed log-spaced
-grids of step multiples, and max_chunk is clipped to the budget afterwards."""
+grids of step multiples, and max_chunk is clipped to the budget afterwards.
+
+The threshold (spec.disaggregation.mode auto with tuning.mode auto) is a third ordinal index: powers of two from
+the KV block size (a prompt of fewer uncached tokens than one block is never worth a transfer) up to the longest
+prompt the model takes, then DISAGG_NEVER (colocated) as the last point, so "more local prefill" is one direction
+of the index and colocated is its end. Without it (every other resource) the space has no third index at all:
+the same Optuna parameters, the same draws, the same knobs as before."""
 
 from __future__ import annotations
 
@@ -10,7 +17,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chunkpilot.contract.knobs import Knobs  # the one knobs type; the tuner's points are these
+from chunkpilot.contract.knobs import DISAGG_NEVER, Knobs  # the one knobs type; the tuner's points are these
+
+# The longest prompt the threshold grid reaches when the spec does not say (spec.model.maxModelLen unset, the
+# model's own limit unknown to the tuner): 32768 tokens, the context of most current small and mid-size models;
+# a longer prompt is sent remotely at every finite threshold on the grid, which is what a long prompt wants.
+DEFAULT_THRESHOLD_MAX = 32768
+
+
+def threshold_grid(lo: int, hi: int) -> tuple[int, ...]:
+    """The disaggregation thresholds the tuner tries: lo, 2 lo, 4 lo, ... up to hi (hi kept), then DISAGG_NEVER.
+    One point per octave: the prompt lengths a threshold separates are log-spread, and a finer grid would spend
+    trials on splits that route the same prompts."""
+    if lo < 1 or hi < lo:
+        raise ValueError(f"threshold bounds must satisfy 1 <= min <= max, got [{lo}, {hi}]")
+    out, v = [], lo
+    while v < hi:
+        out.append(v)
+        v *= 2
+    out.append(min(hi, DISAGG_NEVER - 1))
+    return (*out, DISAGG_NEVER)
 
 
 def log_grid(lo: int, hi: int, step: int, points_per_octave: int = 4) -> list[int]:
@@ -30,28 +56,49 @@ def log_grid(lo: int, hi: int, step: int, points_per_octave: int = 4) -> list[in
 class SearchSpace:
     budgets: tuple[int, ...]
     chunks: tuple[int, ...]
+    thresholds: tuple[int, ...] = ()  # empty: the threshold is not searched (knobs carry None)
 
     @classmethod
     def from_bounds(cls, budget: tuple[int, int], chunk: tuple[int, int], step: int = 16,
-                    points_per_octave: int = 4) -> SearchSpace:
-        return cls(tuple(log_grid(*budget, step, points_per_octave)), tuple(log_grid(*chunk, step, points_per_octave)))
+                    points_per_octave: int = 4, threshold: tuple[int, int] | None = None) -> SearchSpace:
+        return cls(tuple(log_grid(*budget, step, points_per_octave)), tuple(log_grid(*chunk, step, points_per_octave)),
+                   () if threshold is None else threshold_grid(*threshold))
 
-    def knobs(self, budget_index: int, chunk_index: int) -> Knobs:
+    def knobs(self, budget_index: int, chunk_index: int, threshold_index: int | None = None) -> Knobs:
         b = self.budgets[budget_index]
-        return Knobs(b, min(b, self.chunks[chunk_index]))
+        t = None if threshold_index is None or not self.thresholds else self.thresholds[threshold_index]
+        return Knobs(b, min(b, self.chunks[chunk_index]), t)
 
-    def indices(self, k: Knobs) -> tuple[int, int]:
-        """The grid point nearest to k (used to enqueue known knobs, e.g. the incumbent or the start-up ones)."""
+    def params(self, k: Knobs) -> dict[str, int]:
+        """The Optuna parameters of the grid point nearest to k (used to enqueue known knobs, e.g. the incumbent or
+        the colocated reference): the threshold's index only where the space searches it."""
         bi = int(np.argmin([abs(np.log(b / k.token_budget)) for b in self.budgets]))
         ci = int(np.argmin([abs(np.log(c / k.max_chunk)) for c in self.chunks]))
-        return bi, ci
+        out = {"budget_index": bi, "chunk_index": ci}
+        if self.thresholds:  # knobs without one (the start-up knobs) are taken as colocated, the safe end
+            t = DISAGG_NEVER if k.disagg_threshold is None else k.disagg_threshold
+            out["threshold_index"] = int(np.argmin([abs(np.log(v / max(1, t))) for v in self.thresholds]))
+        return out
+
+    def colocated(self, k: Knobs) -> Knobs:
+        """k's budget and chunk with no prompt sent to a prefill pod: the reference a split must beat."""
+        return Knobs(k.token_budget, k.max_chunk, DISAGG_NEVER if self.thresholds else None)
 
     def clamp(self, k: Knobs) -> Knobs:
         b = min(max(k.token_budget, self.budgets[0]), self.budgets[-1])
         c = min(max(k.max_chunk, self.chunks[0]), self.chunks[-1], b)
-        return Knobs(b, c)
+        t = k.disagg_threshold
+        if self.thresholds and t is not None:
+            t = min(max(t, self.thresholds[0]), DISAGG_NEVER)
+        return Knobs(b, c, t if self.thresholds else None)
+
+    def pairs(self) -> list[Knobs]:
+        """Every distinct (token budget, max chunk), threshold None: what the step-time model judges."""
+        return sorted({self.knobs(i, j) for i in range(len(self.budgets)) for j in range(len(self.chunks))},
+                      key=lambda k: (k.token_budget, k.max_chunk))
 
     def all_knobs(self) -> list[Knobs]:
         """Every distinct point (the exhaustive grid the benchmark compares against)."""
-        return sorted({self.knobs(i, j) for i in range(len(self.budgets)) for j in range(len(self.chunks))},
-                      key=lambda k: (k.token_budget, k.max_chunk))
+        if not self.thresholds:
+            return self.pairs()
+        return [Knobs(p.token_budget, p.max_chunk, t) for p in self.pairs() for t in self.thresholds]

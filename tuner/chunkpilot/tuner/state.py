@@ -58,7 +58,8 @@ class ScalingState:
 def _measurement(knobs: Knobs, window: Window | dict | None, objective: float | None,
                  is_feasible: bool | None) -> KnobsMeasurement:
     w = window.to_dict() if isinstance(window, Window) else (window or {})
-    return KnobsMeasurement(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk, objective=objective,
+    return KnobsMeasurement(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk,
+                            disagg_threshold=knobs.disagg_threshold, objective=objective,
                             ttft_seconds=w.get("ttft"), itl_seconds=w.get("itl"), feasible=is_feasible)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from chunkpilot.contract.knobs import DISAGG_NEVER
 from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.tuner.history import TrialKind
 from chunkpilot.tuner.history import HistoryEntry
@@ -66,9 +67,15 @@ class TrialRecord:
     @classmethod
     def of(cls, t: FrozenTrial) -> TrialRecord:
         a = t.user_attrs
-        knobs = Knobs(a["token_budget"], a["max_chunk"]) if "token_budget" in a else None
+        knobs = knobs_of(a) if "token_budget" in a else None
         return cls(t.number, t.state, knobs, kind_of(t), a.get("window"), bool(a.get("cut_short")),
                    tuple(a.get("constraints", ())), a.get("rejected"))
+
+
+def knobs_of(attrs: dict) -> Knobs:
+    """The knobs a trial measured, from its attributes (study.ran writes them): the threshold only where the
+    space searches it, so every other study's trials are stored and read as before."""
+    return Knobs(attrs["token_budget"], attrs["max_chunk"], attrs.get("disagg_threshold"))
 
 
 def _constraints_of(trial: FrozenTrial) -> list[float]:
@@ -211,8 +218,7 @@ class TunerStudy:
 
     # -- ask / tell -----------------------------------------------------------------------------------------
     def enqueue(self, knobs: Knobs, kind: TrialKind) -> None:
-        bi, ci = self.space.indices(knobs)
-        self.study.enqueue_trial({"budget_index": bi, "chunk_index": ci}, user_attrs={"kind": TrialKind(kind).value},
+        self.study.enqueue_trial(self.space.params(knobs), user_attrs={"kind": TrialKind(kind).value},
                                  skip_if_exists=False)
 
     def ask(self) -> tuple[optuna.Trial, Knobs]:
@@ -225,7 +231,11 @@ class TunerStudy:
         self.study.sampler = make_sampler(self._ask_seed(self.epoch, told), self.startup_trials)
         trial = self.study.ask()
         knobs = self.space.knobs(trial.suggest_int("budget_index", 0, len(self.space.budgets) - 1),
-                                 trial.suggest_int("chunk_index", 0, len(self.space.chunks) - 1))
+                                 trial.suggest_int("chunk_index", 0, len(self.space.chunks) - 1),
+                                 # a third parameter only where the threshold is searched: every other study asks
+                                 # exactly the two it always asked, so its seeded draws are unchanged
+                                 trial.suggest_int("threshold_index", 0, len(self.space.thresholds) - 1)
+                                 if self.space.thresholds else None)
         self.ran(trial, knobs)
         return trial, knobs
 
@@ -234,6 +244,8 @@ class TunerStudy:
         """The knobs the trial measures: the ask's, or what really ran where that is off the grid (advisory)."""
         trial.set_user_attr("token_budget", knobs.token_budget)
         trial.set_user_attr("max_chunk", knobs.max_chunk)
+        if knobs.disagg_threshold is not None:
+            trial.set_user_attr("disagg_threshold", knobs.disagg_threshold)
 
     def tell(self, trial: optuna.Trial, window: Window, *, cut_short: bool = False) -> float:
         value = objective_value(window, self.objective)
@@ -255,6 +267,10 @@ class TunerStudy:
     def waiting(self) -> int:
         """Enqueued trials not asked yet."""
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    def queued(self, kind: TrialKind) -> bool:
+        """A trial of this kind is enqueued and not asked yet."""
+        return any(kind_of(t) == kind for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def fail(self, trial: optuna.Trial, reason: str) -> None:
         trial.set_user_attr("failed", reason)
@@ -291,8 +307,7 @@ class TunerStudy:
         completed = self.completed()
         groups: dict[Knobs, list[FrozenTrial]] = {}
         for t in completed:
-            k = Knobs(t.user_attrs["token_budget"], t.user_attrs["max_chunk"])
-            groups.setdefault(k, []).append(t)
+            groups.setdefault(knobs_of(t.user_attrs), []).append(t)
         # One lucky window must not make a winner: each setting's mean is shrunk towards the median of all
         # windows by one pseudo-window (empirical Bayes), so knobs measured again and again keep their mean and
         # knobs seen once count half.
@@ -337,7 +352,10 @@ class TunerStudy:
         measured = self.measured()
         feasible = [m for m in measured if m.feasible]
         if feasible:
-            return max(feasible, key=lambda m: (m.objective, -m.knobs.token_budget))
+            # Among equal objectives (goodput is a share, and every setting within the SLOs scores 1), the knobs
+            # that send fewer prompts to prefill pods: a split is kept only where it measured better than
+            # colocated, whose pods do no transfers. Without a searched threshold every point ties here, as before.
+            return max(feasible, key=lambda m: (m.objective, _locality(m.knobs), -m.knobs.token_budget))
         if not measured:
             return None
         # None feasible: the least violating of the user's SLOs and keeping up (measurement.constraints without
@@ -348,4 +366,9 @@ class TunerStudy:
         # the objective is what the user asked for among the settings that miss alike); the headroom breaks ties.
         least = min(m.slo_violation for m in measured)
         near = [m for m in measured if m.slo_violation <= least + VIOLATION_TOLERANCE]
-        return max(near, key=lambda m: (m.objective, -m.violation))
+        return max(near, key=lambda m: (m.objective, -m.violation, _locality(m.knobs)))
+
+
+def _locality(knobs: Knobs) -> int:
+    """How much prefill a point keeps on the decode pods: its threshold, colocated (None or never) the most."""
+    return DISAGG_NEVER if knobs.colocated else knobs.disagg_threshold
