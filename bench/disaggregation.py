@@ -188,15 +188,14 @@ def arm_name(kind: str, knob: float) -> str:
     return f"{kind}-{'inf' if knob == math.inf else knob}"
 
 
-def predict_rung(kind: str, knob: float, specs: list[RequestSpec], slo: SLOTargets, cost, pull,
-                 idle_wait: float | None = 0.5) -> dict:
-    """One rate of one arm in the simulator, set up as Arm sets up the engines (`idle_wait`: sim/split.py)."""
+def predict_rung(kind: str, knob: float, specs: list[RequestSpec], slo: SLOTargets, cost, pull) -> dict:
+    """One rate of one arm in the simulator, set up as Arm sets up the engines."""
     opts, extra = sim_options(pull), {}
     if kind == "colocated":
         records = colocated(cost, specs, Knobs(knob + 16, knob), engines=2, **opts)
     else:
         fleet = SplitFleet(cost, specs, decode_knobs=Knobs(80, 64), prefill_knobs=Knobs(1040, 1024), threshold=knob,
-                           transfer=pull, idle_wait=idle_wait, sim_options=opts)
+                           transfer=pull, sim_options=opts)
         records = fleet.run()
         pulls = [s for d in fleet.decodes for _, s in d.transfers]
         extra = {"routed": dict(fleet.routed), "fallbacks": dict(fleet.fallbacks),
@@ -209,14 +208,13 @@ def predict_rung(kind: str, knob: float, specs: list[RequestSpec], slo: SLOTarge
             "mean_ttft": float(np.mean(ttfts)) if ttfts else None, **extra}
 
 
-def predict(trace: str, n: int, slo: SLOTargets, cost, pull, arms: list[tuple[str, float]],
-            idle_wait: float | None = 0.5) -> dict:
+def predict(trace: str, n: int, slo: SLOTargets, cost, pull, arms: list[tuple[str, float]]) -> dict:
     """Every arm's whole ladder in the simulator (the bench's own requests, rate by rate), its goodput read as the
     bench reads it (up the ladder until a rate fails), and the best of each kind."""
     rows = {}
     for kind, knob in arms:
-        ladder = [{"rate": rate, **predict_rung(kind, knob, requests(trace, rate, n, seed=1000 + i), slo, cost, pull,
-                                                idle_wait)} for i, rate in enumerate(RATES[trace])]
+        ladder = [{"rate": rate, **predict_rung(kind, knob, requests(trace, rate, n, seed=1000 + i), slo, cost, pull)}
+                  for i, rate in enumerate(RATES[trace])]
         best = 0.0
         for rung in ladder:
             if rung["within_slo"] < 0.9:
@@ -273,11 +271,10 @@ def predict_only(args) -> None:
                                              measured_commit=c["commit"], ttft_1024=c["ttft_1024"],
                                              itl_alone=c["itl_alone"], slo_ttft=slo.ttft.threshold,
                                              slo_itl=slo.itl.threshold, step_cost=cost.note, transfer=pull.note,
-                                             pull_overhead=args.pull_overhead, reserve_wakes=args.reserve_wakes),
+                                             pull_overhead=args.pull_overhead),
                     "traces": {}}
     for trace in args.traces.split(","):
-        predicted = predict(trace, args.requests, slo, cost, pull, prediction_arms(trace),
-                            None if args.reserve_wakes else 0.5)
+        predicted = predict(trace, args.requests, slo, cost, pull, prediction_arms(trace))
         got = measured["traces"].get(trace, {}).get("arms")
         show_prediction(trace, predicted, got)
         result["traces"][trace] = {"predicted": predicted,
@@ -310,9 +307,6 @@ def main() -> None:
     ap.add_argument("--pull-overhead", type=float, default=0.0,
                     help="--predict-only: seconds added to every pull (a what-if for costs the transfer bench "
                          "does not time: HTTP round trips, first contact)")
-    ap.add_argument("--reserve-wakes", action="store_true",
-                    help="--predict-only: a what-if where the decode engine's reserve wakes its idle step loop (now "
-                         "it waits for the loop's next 0.5 s look)")
     ap.add_argument("--out", default="disaggregation_predicted", help="--predict-only: the result's name")
     args = ap.parse_args()
     if args.predict_only:

@@ -505,8 +505,7 @@ def disaggregation(d: dict) -> list[str]:
 
 def disaggregation_predicted(d: dict) -> list[str]:
     c = d["conditions"]
-    what_if = [w for w, on in (("the reserve wakes the idle decode loop", c.get("reserve_wakes")),
-                               (f"+{c.get('pull_overhead')} s a pull", c.get("pull_overhead"))) if on]
+    what_if = [f"+{c.get('pull_overhead')} s a pull"] if c.get("pull_overhead") else []
     out = [f"The simulator (`sim/split.py`) on the bench's own requests and knobs, with the SLOs and lone-request "
            f"figures of the measured run of {c['measured_run']} (commit {c['measured_commit']}). Step cost: "
            f"{c['step_cost']}. Transfer: {c['transfer']}."
@@ -558,10 +557,6 @@ SECTIONS = (
             "python bench/disaggregation.py --itl-x 3", disaggregation),
     Section("disaggregation_predicted", "Prefill/decode disaggregation predicted by the simulator",
             "python bench/disaggregation.py --predict-only", disaggregation_predicted),
-    Section("disaggregation_predicted_reserve_wakes",
-            "Prefill/decode disaggregation predicted, if the reserve woke the idle decode loop",
-            "python bench/disaggregation.py --predict-only --reserve-wakes --out disaggregation_predicted_reserve_wakes",
-            disaggregation_predicted),
     Section("predictor_vs_sim", "The step-time predictor against the simulator", "python bench/predictor_vs_sim.py",
             predictor_vs_sim),
     Section("sim_accuracy", "The simulator against the real server", "python bench/sim_accuracy.py", sim_accuracy),

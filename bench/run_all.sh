@@ -34,7 +34,6 @@ echo "== prefill/decode disaggregation against the best colocated knobs (goodput
 "$PY" bench/disaggregation.py --itl-x 3
 echo "== the same predicted by the simulator (seconds; from the run above's lone-request figures and SLOs)"
 "$PY" bench/disaggregation.py --predict-only
-"$PY" bench/disaggregation.py --predict-only --reserve-wakes --out disaggregation_predicted_reserve_wakes
 echo "== speculative decoding (n-gram drafts on and off, batch 1 and 8, outputs that repeat the prompt and ones that do not)"
 "$PY" bench/speculative.py
 echo "== demo_runs (three demos in a row)"

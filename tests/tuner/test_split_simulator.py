@@ -71,24 +71,12 @@ def test_the_pull_delays_the_second_token_by_its_modelled_seconds():
     assert slow.seconds(100) == pytest.approx(pull)
     got = {}
     for name, cost in (("free", FREE), ("slow", slow)):
-        r = SplitFleet(COST, lone, DECODE, PREFILL, threshold=0, transfer=cost, idle_wait=None).run()[0]
+        r = SplitFleet(COST, lone, DECODE, PREFILL, threshold=0, transfer=cost).run()[0]
         got[name] = r
         assert r.ttft == pytest.approx(0.11)  # the first token is the prefill engine's
     assert got["slow"].itls[0] - got["free"].itls[0] == pytest.approx(pull)
     assert got["free"].itls[0] == pytest.approx(0.012)
     assert got["slow"].itls[1:] == pytest.approx(got["free"].itls[1:])
-
-
-def test_an_idle_decode_engine_reserves_when_its_loop_next_looks():
-    # As AsyncEngine does: the reserve is queued without waking the idle step loop, which waits 0.5 s at a time
-    # from the request's arrival (t=0), so the lone request's pull starts at 0.5, not at its first token (0.11).
-    lone = [RequestSpec("x", [7] * 100, 5, 0.0, 100)]
-    r = SplitFleet(COST, lone, DECODE, PREFILL, threshold=0, transfer=FREE, idle_wait=0.5).run()[0]
-    assert r.ttft == pytest.approx(0.11) and r.itls[0] == pytest.approx(0.5 - 0.11 + 0.012)
-    # a decode engine busy with another request looks at every step boundary: no wait beyond the step in flight
-    busy = [RequestSpec("x", [7] * 16, 100, 0.0, 16)] + lone
-    r = SplitFleet(COST, busy, DECODE, PREFILL, threshold=50, transfer=FREE, idle_wait=0.5).run()[1]
-    assert r.itls[0] < 2 * 0.014 + 1e-9  # the step in flight at 0.11, then its first decode beside the other
 
 
 def test_a_pull_on_a_shared_core_slows_the_decodes_it_overlaps():
@@ -98,7 +86,7 @@ def test_a_pull_on_a_shared_core_slows_the_decodes_it_overlaps():
     gaps = {}
     for share in (0.0, 1.0):
         cost = TransferCost(0.3, 0.0, 0.0, 46080.0, step_loop_share=share)
-        records = SplitFleet(COST, reqs, DECODE, PREFILL, threshold=100, transfer=cost, idle_wait=None).run()
+        records = SplitFleet(COST, reqs, DECODE, PREFILL, threshold=100, transfer=cost).run()
         gaps[share] = max(records[0].itls)
     assert gaps[0.0] == pytest.approx(0.012)
     assert gaps[1.0] == pytest.approx(0.012 + 0.3)

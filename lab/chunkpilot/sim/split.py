@@ -12,9 +12,8 @@ real scheduler, a step cost), and between them what kv_transfer/decode_side.py d
    all, with the first token, as the engine's `no_room` fallback); the pull (read + checksums, sim/transfer.py)
    runs on a thread for its seconds, and its blocks join the batch at the first step boundary after it ends.
    The steps the pull overlaps lose its CPU time times the cost's `step_loop_share` (charged to the first step).
-   An idle decode engine reserves later: AsyncEngine queues the reserve without waking its step loop, which
-   idles in waits of `idle_wait` (0.5 s) and finds it only when one ends or something else wakes it (an arrival,
-   an admitted pull). `idle_wait=None` models a reserve that wakes the loop.
+   Queuing the reserve wakes an idle decode engine's step loop (RemotePrefill.pull's `wake`), so an idle engine
+   reserves at once.
 
 Not modelled: the 0.5 s staleness of the prefill engines' polled load (the router sees their queues as they
 are), HTTP round trips, the prefill engine's held blocks (freed at once here), a prefill engine failing mid-call.
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -56,12 +54,9 @@ class DecodeEngine(Simulator):
     came, pull ended, prefill here after all) are handled at the first step boundary at or after their time, as
     the engine's step loop drains its queue of reserve/admit/add messages before each step."""
 
-    def __init__(self, cost: StepCost, knobs: Knobs, transfer: TransferCost, idle_wait: float | None = 0.5,
-                 **sim_options) -> None:
+    def __init__(self, cost: StepCost, knobs: Knobs, transfer: TransferCost, **sim_options) -> None:
         super().__init__(cost, [], knobs, **sim_options)
         self.transfer = transfer
-        self.idle_wait = idle_wait  # AsyncEngine._loop's wait when idle; None: a reserve wakes the loop
-        self._idle_from: float | None = None  # when the idle loop's current rhythm of waits began
         self._events: list[tuple[float, int, str, str]] = []  # heap of (time, order, kind, request id)
         self._order = itertools.count()
         self._remote: dict[str, Sequence] = {}  # sent away, not yet in this engine's scheduler
@@ -81,8 +76,6 @@ class DecodeEngine(Simulator):
         self._live[rid] = rec
         self.records.append(rec)
         self.arrivals.append((spec.arrival, len(prompt), spec.max_tokens))
-        if self._idle_from is not None:  # the request's arrival wakes an idle loop (AsyncEngine.generate)
-            self._idle_from = max(self._idle_from, spec.arrival)
         return rid
 
     def first_token(self, rid: str, at: float) -> None:
@@ -102,36 +95,12 @@ class DecodeEngine(Simulator):
     def _post(self, at: float, kind: str, rid: str) -> None:
         heapq.heappush(self._events, (at, next(self._order), kind, rid))
 
-    def _quiet(self, kind: str) -> bool:
-        """Whether an event leaves an idle loop asleep: only the reserve, and only while idle_wait is set."""
-        return kind == "reserve" and self.idle_wait is not None
-
-    def _seen_at(self, at: float) -> float:
-        """When the idle loop's waits, begun at _idle_from, first end at or after `at`."""
-        k = max(0, math.ceil((at - self._idle_from) / self.idle_wait - 1e-9))
-        return self._idle_from + k * self.idle_wait
-
     def _admit(self) -> None:
-        arrived = len(self.pending)
         super()._admit()
-        woke = len(self.pending) < arrived or self._idle_from is None  # a step just ended, or an arrival woke it
-        due, later = [], []
+        due = []
         while self._events and self._events[0][0] <= self.now:
-            event = heapq.heappop(self._events)
-            woke = woke or not self._quiet(event[2])
-            due.append(event)
-        for event in due:  # a quiet event an idle loop has not looked for yet stays queued
-            if not woke and self._quiet(event[2]) and self._seen_at(event[0]) > self.now + 1e-12:
-                later.append(event)
-        for event in later:
-            due.remove(event)
-            heapq.heappush(self._events, event)
+            due.append(heapq.heappop(self._events))
         self._handle(due)
-        # the loop's rhythm: steps while there is work; idle, waits from the moment it last woke
-        if self.scheduler.has_work:
-            self._idle_from = None
-        elif woke:
-            self._idle_from = self.now
 
     def _handle(self, due: list[tuple[float, int, str, str]]) -> None:
         for _, _, kind, rid in due:  # what is posted now waits for the next boundary, as in the engine
@@ -162,8 +131,7 @@ class DecodeEngine(Simulator):
 
     # -- the Simulator's hooks -----------------------------------------------------------------------------
     def _next_event(self) -> float | None:
-        times = [super()._next_event()] + [self._seen_at(t) if self._quiet(kind) and self._idle_from is not None
-                                           else t for t, _, kind, _ in self._events]
+        times = [super()._next_event()] + [t for t, _, _, _ in self._events]
         times = [t for t in times if t is not None]
         return min(times) if times else None
 
@@ -195,7 +163,6 @@ class SplitFleet:
     prefill_max_waiting: int = 8  # the engine's --prefill-max-waiting: saturated above it
     balancer: str = "round-robin"
     prefill_cost: StepCost | None = None
-    idle_wait: float | None = 0.5  # the decode engines' idle step loop (see DecodeEngine); None: reserves wake it
     sim_options: dict = field(default_factory=dict)
     seed: int = 0  # the power-of-two choice's draws
 
@@ -208,7 +175,7 @@ class SplitFleet:
             raise ValueError(f"threshold must be >= 0 (math.inf: never split), got {self.threshold}")
         self.now = 0.0
         self.pending = deque(sorted(self.requests, key=lambda r: r.arrival))
-        self.decodes = [DecodeEngine(self.cost, self.decode_knobs, self.transfer, self.idle_wait, **self.sim_options)
+        self.decodes = [DecodeEngine(self.cost, self.decode_knobs, self.transfer, **self.sim_options)
                         for _ in range(self.decode)]
         self.prefills = [Simulator(self.prefill_cost or self.cost, [], self.prefill_knobs, **self.sim_options)
                          for _ in range(self.prefill)]
