@@ -79,6 +79,44 @@ def test_the_pull_delays_the_second_token_by_its_modelled_seconds():
     assert got["slow"].itls[1:] == pytest.approx(got["free"].itls[1:])
 
 
+def test_with_kv_the_first_token_waits_for_the_pull_and_the_first_gap_is_a_decode_step():
+    # The lone request above under --first-token with-kv: the engine holds the first token until the pull ends,
+    # so TTFT grows by the pull's seconds and the gap to the second token is one decode step (0.01 + 0.002 s);
+    # early is as before: TTFT the prefill's, the pull in the first gap. The last token comes at the same time.
+    lone = [RequestSpec("x", [7] * 100, 5, 0.0, 100)]
+    slow = TransferCost(overhead_s=0.05, read_s_per_mib=0.02, checksum_s_per_mib=0.01, bytes_per_token=46080.0)
+    pull = slow.seconds(100)
+    early, with_kv = (SplitFleet(COST, lone, DECODE, PREFILL, threshold=0, transfer=slow, first_token=mode).run()[0]
+                      for mode in ("early", "with-kv"))
+    assert early.ttft == pytest.approx(0.11) and early.itls[0] == pytest.approx(pull + 0.012)
+    assert with_kv.ttft == pytest.approx(0.11 + pull)
+    assert with_kv.itls[0] == pytest.approx(0.012)
+    assert with_kv.itls[1:] == pytest.approx(early.itls[1:])
+    assert with_kv.end == pytest.approx(early.end) and with_kv.output_tokens == early.output_tokens == 5
+    # a request that ends with its first token gets it at once (no pull follows)
+    one = SplitFleet(COST, [RequestSpec("x", [7] * 100, 1, 0.0, 100)], DECODE, PREFILL, threshold=0, transfer=slow,
+                     first_token="with-kv").run()[0]
+    assert one.ttft == pytest.approx(0.11) and one.output_tokens == 1
+    with pytest.raises(ValueError, match="first_token"):
+        SplitFleet(COST, lone, DECODE, PREFILL, first_token="late")
+
+
+def test_with_kv_a_fallback_sends_the_first_token_before_the_local_prefill():
+    # No running slot when the first token comes (a local request holds the only one): the prompt is prefilled on
+    # the decode engine, and the held first token goes out when that is decided, before the local prefill's tokens
+    busy = [RequestSpec("x", [7] * 16, 100, 0.0, 16), RequestSpec("x", [7] * 300, 4, 0.01, 300)]
+    got = {}
+    for mode in ("early", "with-kv"):
+        fleet = SplitFleet(COST, busy, DECODE, PREFILL, threshold=100, first_token=mode,
+                           sim_options={"max_num_seqs": 1})
+        got[mode] = fleet.run()[1]
+        assert fleet.fallbacks == {"no_room": 1} and got[mode].ok and got[mode].output_tokens == 4
+    prefilled = got["early"].first_token  # the prefill engine's step end
+    assert got["with-kv"].first_token > prefilled  # at the decode engine's next step boundary
+    assert got["with-kv"].first_token < got["with-kv"].token_times[1]
+    assert got["with-kv"].token_times[1:] == pytest.approx(got["early"].token_times[1:])
+
+
 def test_a_pull_on_a_shared_core_slows_the_decodes_it_overlaps():
     # One request decodes alone; a second is prefilled remotely meanwhile. With the pull's CPU time taken from the
     # step loop (one core), the decode step in flight grows by the pull's seconds; with a core to spare it does not.

@@ -6,8 +6,12 @@ real scheduler, a step cost), and between them what kv_transfer/decode_side.py d
    waiting requests, saturated above `prefill_max_waiting`); the others, or all when every prefill engine is
    saturated, are prefilled on the decode engine in chunks under its knobs, as colocated. The simulator models
    no prefix cache, so every prompt token counts as uncached.
-2. The prefill engine computes the prompt alone (max_tokens 1, its own knobs and queue); its first token reaches
-   the client at the end of that step.
+2. The prefill engine computes the prompt alone (max_tokens 1, its own knobs and queue) and samples the first
+   token at the end of that step. Under the decode engine's `--first-token early` the client has it then (the
+   gap to the second token holds the pull); under `with-kv` it is held until the pull ends and sent then, just
+   before the blocks are queued to join the batch (AsyncEngine._remote_attempt), so TTFT holds the pull and the
+   first gap is the decode step the blocks join (plus the rest of a step in flight). A fallback sends it as
+   the local prefill is queued.
 3. At the decode engine's next step boundary blocks are reserved (no room: the prompt is prefilled there after
    all, with the first token, as the engine's `no_room` fallback); the pull (read + checksums, sim/transfer.py)
    runs on a thread for its seconds, and its blocks join the batch at the first step boundary after it ends.
@@ -28,6 +32,7 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from chunkpilot.contract.engine_settings import FIRST_TOKEN_MODES
 from chunkpilot.engine.core.sampling_params import SamplingParams
 from chunkpilot.engine.core.sequence import Sequence
 from chunkpilot.engine.kv_transfer.peers import Peer, choose
@@ -54,9 +59,14 @@ class DecodeEngine(Simulator):
     came, pull ended, prefill here after all) are handled at the first step boundary at or after their time, as
     the engine's step loop drains its queue of reserve/admit/add messages before each step."""
 
-    def __init__(self, cost: StepCost, knobs: Knobs, transfer: TransferCost, **sim_options) -> None:
+    def __init__(self, cost: StepCost, knobs: Knobs, transfer: TransferCost, first_token: str = "early",
+                 **sim_options) -> None:
         super().__init__(cost, [], knobs, **sim_options)
+        if first_token not in FIRST_TOKEN_MODES:
+            raise ValueError(f"first_token must be one of {', '.join(FIRST_TOKEN_MODES)}, got {first_token!r}")
         self.transfer = transfer
+        self.with_kv = first_token == "with-kv"  # the engine's --first-token: hold it until the blocks are here
+        self._held: set[str] = set()  # requests whose first token the client does not have yet
         self._events: list[tuple[float, int, str, str]] = []  # heap of (time, order, kind, request id)
         self._order = itertools.count()
         self._remote: dict[str, Sequence] = {}  # sent away, not yet in this engine's scheduler
@@ -79,18 +89,34 @@ class DecodeEngine(Simulator):
         return rid
 
     def first_token(self, rid: str, at: float) -> None:
-        """The prefill engine sampled the first token at `at`: the client has it then; the pull begins."""
+        """The prefill engine sampled the first token at `at`; the pull begins. Early, the client has the token
+        then; with-kv, it is held until the blocks are here (or the prompt falls back to a local prefill), except
+        for a request that ends with it: no pull follows, so the engine sends it at once."""
         seq, rec = self._remote[rid], self._live[rid]
         seq.output_token_ids.append(FIRST_TOKEN)
         seq.num_new_tokens = 1
-        rec.first_token = at
-        rec.token_times.append(at)
-        rec.output_tokens = 1
         if seq.params.max_tokens <= 1:  # done with its first token: the lease is released unread
+            self._send(rid, at)
             rec.end = at
             del self._live[rid], self._remote[rid]
             return
+        if self.with_kv:
+            self._held.add(rid)
+        else:
+            self._send(rid, at)
         self._post(at, "reserve", rid)
+
+    def _send(self, rid: str, at: float) -> None:
+        """The client receives the first token at `at`."""
+        rec = self._live[rid]
+        rec.first_token = at
+        rec.token_times.append(at)
+        rec.output_tokens = 1
+
+    def _send_held(self, rid: str, at: float) -> None:
+        if rid in self._held:
+            self._held.discard(rid)
+            self._send(rid, at)
 
     def _post(self, at: float, kind: str, rid: str) -> None:
         heapq.heappush(self._events, (at, next(self._order), kind, rid))
@@ -103,11 +129,14 @@ class DecodeEngine(Simulator):
         self._handle(due)
 
     def _handle(self, due: list[tuple[float, int, str, str]]) -> None:
-        for _, _, kind, rid in due:  # what is posted now waits for the next boundary, as in the engine
+        for at, _, kind, rid in due:  # what is posted now waits for the next boundary, as in the engine
             seq = self._remote[rid]
             if kind == "reserve":
                 self._reserve(seq)
             elif kind == "admit":
+                # with-kv: the engine sends the held token when the pull ends (`at`), before the blocks wait for
+                # this boundary, so it precedes every token the steps make
+                self._send_held(rid, at)
                 seq.num_computed_tokens = len(seq.prompt_token_ids)
                 self.scheduler.add_prefilled(seq)
                 del self._remote[rid]
@@ -120,6 +149,7 @@ class DecodeEngine(Simulator):
         n = len(seq.prompt_token_ids)
         if not (self.scheduler.has_room and self.scheduler.block_manager.allocate_prompt(seq, n)):
             self.fallbacks["no_room"] += 1
+            self._send_held(seq.request_id, self.now)  # the local prefill goes on from the first token: it goes first
             self._post(self.now, "add", seq.request_id)
             return
         bs = self.scheduler.block_manager.block_size
@@ -163,6 +193,7 @@ class SplitFleet:
     prefill_max_waiting: int = 8  # the engine's --prefill-max-waiting: saturated above it
     balancer: str = "round-robin"
     prefill_cost: StepCost | None = None
+    first_token: str = "early"  # the decode engines' --first-token: early, or with-kv (see DecodeEngine)
     sim_options: dict = field(default_factory=dict)
     seed: int = 0  # the power-of-two choice's draws
 
@@ -175,7 +206,7 @@ class SplitFleet:
             raise ValueError(f"threshold must be >= 0 (math.inf: never split), got {self.threshold}")
         self.now = 0.0
         self.pending = deque(sorted(self.requests, key=lambda r: r.arrival))
-        self.decodes = [DecodeEngine(self.cost, self.decode_knobs, self.transfer, **self.sim_options)
+        self.decodes = [DecodeEngine(self.cost, self.decode_knobs, self.transfer, self.first_token, **self.sim_options)
                         for _ in range(self.decode)]
         self.prefills = [Simulator(self.prefill_cost or self.cost, [], self.prefill_knobs, **self.sim_options)
                          for _ in range(self.prefill)]
