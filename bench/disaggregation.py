@@ -184,54 +184,63 @@ def sim_options(cost: transfer.TransferCost) -> dict:
     return {"max_num_seqs": 16, "max_model_len": 2048, "num_blocks": int(0.6 * 2**30 // (16 * cost.bytes_per_token))}
 
 
-def arm_name(kind: str, knob: float) -> str:
-    return f"{kind}-{'inf' if knob == math.inf else knob}"
+def arm_name(kind: str, knob: float, first_token: str = "early") -> str:
+    """colocated-<chunk>, split-<threshold> (--first-token early) or split-<threshold>-with-kv: measured and predicted
+    arms share their names, so each prediction finds its measurement."""
+    return f"{kind}-{'inf' if knob == math.inf else knob}" + ("" if first_token == "early" else f"-{first_token}")
 
 
-def predict_rung(kind: str, knob: float, specs: list[RequestSpec], slo: SLOTargets, cost, pull) -> dict:
-    """One rate of one arm in the simulator, set up as Arm sets up the engines."""
+def predict_rung(kind: str, knob: float, specs: list[RequestSpec], slo: SLOTargets, cost, pull,
+                 first_token: str = "early") -> dict:
+    """One rate of one arm in the simulator, set up as Arm sets up the engines, with the same miss breakdown the
+    measured rungs record (`misses`: the simulator's records have the client's shape)."""
     opts, extra = sim_options(pull), {}
     if kind == "colocated":
         records = colocated(cost, specs, Knobs(knob + 16, knob), engines=2, **opts)
     else:
         fleet = SplitFleet(cost, specs, decode_knobs=Knobs(80, 64), prefill_knobs=Knobs(1040, 1024), threshold=knob,
-                           transfer=pull, sim_options=opts)
+                           transfer=pull, first_token=first_token, sim_options=opts)
         records = fleet.run()
         pulls = [s for d in fleet.decodes for _, s in d.transfers]
         extra = {"routed": dict(fleet.routed), "fallbacks": dict(fleet.fallbacks),
                  "mean_pull_s": float(np.mean(pulls)) if pulls else None}
     ttfts = [r.ttft for r in records if r.ttft is not None]
-    return {"within_slo": sum(meets(r, slo) for r in records) / len(records),
-            # which SLO the misses break (a request may break both)
-            "ttft_misses": sum(1 for r in records if r.ttft is None or r.ttft > slo.ttft.threshold),
-            "itl_misses": sum(1 for r in records if r.itls and np.percentile(r.itls, 99) > slo.itl.threshold),
+    return {"within_slo": sum(meets(r, slo) for r in records) / len(records), **misses(records, slo),
             "mean_ttft": float(np.mean(ttfts)) if ttfts else None, **extra}
 
 
-def predict(trace: str, n: int, slo: SLOTargets, cost, pull, arms: list[tuple[str, float]]) -> dict:
+def predict(trace: str, n: int, slo: SLOTargets, cost, pull, arms: list[tuple[str, float, str]]) -> dict:
     """Every arm's whole ladder in the simulator (the bench's own requests, rate by rate), its goodput read as the
-    bench reads it (up the ladder until a rate fails), and the best of each kind."""
+    bench reads it (up the ladder until a rate fails), the best of each kind and the best split of each
+    --first-token."""
     rows = {}
-    for kind, knob in arms:
-        ladder = [{"rate": rate, **predict_rung(kind, knob, requests(trace, rate, n, seed=1000 + i), slo, cost, pull)}
-                  for i, rate in enumerate(RATES[trace])]
+    for kind, knob, first in arms:
+        ladder = [{"rate": rate, **predict_rung(kind, knob, requests(trace, rate, n, seed=1000 + i), slo, cost, pull,
+                                                first)} for i, rate in enumerate(RATES[trace])]
         best = 0.0
         for rung in ladder:
             if rung["within_slo"] < 0.9:
                 break
             best = rung["rate"]
-        rows[arm_name(kind, knob)] = {"kind": kind, "knob": "inf" if knob == math.inf else knob, "goodput": best,
-                                      "ladder": ladder}
-    col = max((r for r in rows.values() if r["kind"] == "colocated"), key=lambda r: r["goodput"])
-    split = max((r for r in rows.values() if r["kind"] == "split"), key=lambda r: r["goodput"])
-    return {"arms": rows, "best_colocated": arm_name("colocated", col["knob"]),
-            "best_split": f"split-{split['knob']}",
-            "split_vs_best_colocated": split["goodput"] / col["goodput"] if col["goodput"] else None}
+        rows[arm_name(kind, knob, first)] = {"kind": kind, "knob": "inf" if knob == math.inf else knob,
+                                             "first_token": first, "goodput": best, "ladder": ladder}
+
+    def best(kind: str, first: str | None = None) -> str:  # the first of the best, in the order arms were given
+        names = [n for n, r in rows.items() if r["kind"] == kind and first in (None, r["first_token"])]
+        return max(names, key=lambda n: rows[n]["goodput"])
+
+    col, split = best("colocated"), best("split")
+    col_goodput = rows[col]["goodput"]
+    return {"arms": rows, "best_colocated": col, "best_split": split,
+            "split_vs_best_colocated": rows[split]["goodput"] / col_goodput if col_goodput else None,
+            "best_split_by_first_token": {f: best("split", f) for f in FIRST_TOKEN_MODES}}
 
 
-def prediction_arms(trace: str) -> list[tuple[str, float]]:
-    return ([("colocated", c) for c in sorted(set(CHUNKS) | set(PREDICT_CHUNKS))]
-            + [("split", t) for t in sorted(set(THRESHOLDS[trace]) | set(PREDICT_THRESHOLDS))])
+def prediction_arms(trace: str) -> list[tuple[str, float, str]]:
+    """What predict runs: every chunk colocated, every threshold split with each --first-token."""
+    return ([("colocated", c, "early") for c in sorted(set(CHUNKS) | set(PREDICT_CHUNKS))]
+            + [("split", t, f) for t in sorted(set(THRESHOLDS[trace]) | set(PREDICT_THRESHOLDS))
+               for f in FIRST_TOKEN_MODES])
 
 
 def show_prediction(trace: str, predicted: dict, measured: dict | None) -> None:
@@ -239,13 +248,18 @@ def show_prediction(trace: str, predicted: dict, measured: dict | None) -> None:
     for name, arm in predicted["arms"].items():
         got = (measured or {}).get(name)
         line = ", ".join(f"{r['rate']:g}/s {r['within_slo']:4.0%}" for r in arm["ladder"])
-        print(f"  predicted {name:>14} {trace:>13}: goodput {arm['goodput']:g}/s ({line})")
+        last = arm["ladder"][-1]
+        print(f"  predicted {name:>17} {trace:>13}: goodput {arm['goodput']:g}/s ({line}); last rate: missed TTFT "
+              f"{last['missed_ttft']}, ITL {last['missed_itl']}; first gap p50 {_ms(last['first_gap_p50'])}, later "
+              f"gaps p99 {_ms(last['later_gap_p99'])}")
         if got is not None:
-            print(f"   measured {name:>14} {trace:>13}: goodput {got['goodput']:g}/s ("
+            print(f"   measured {name:>17} {trace:>13}: goodput {got['goodput']:g}/s ("
                   + ", ".join(f"{r['rate']:g}/s {r['within_slo']:4.0%}" for r in got["ladder"]) + ")")
+    by_first = ", ".join(f"{f} {n} ({predicted['arms'][n]['goodput']:g}/s)"
+                         for f, n in predicted["best_split_by_first_token"].items())
     print(f"  predicted best: {predicted['best_colocated']} and {predicted['best_split']}, split/colocated "
           + (f"{predicted['split_vs_best_colocated']:.2f}x" if predicted["split_vs_best_colocated"] is not None
-             else "n/a (colocated meets the SLOs at no rate)"))
+             else "n/a (colocated meets the SLOs at no rate)") + f"; best split by --first-token: {by_first}")
 
 
 def predicted_cost(ttft_1024: float, itl_alone: float, pull_overhead: float = 0.0):
@@ -327,7 +341,7 @@ def main() -> None:
         arms = [("colocated", c, "early") for c in CHUNKS] + [("split", t, f) for t in THRESHOLDS[trace]
                                                                for f in FIRST_TOKEN_MODES]
         for kind, knob, first in arms:
-            name = f"{kind}-{knob}" + ("" if first == "early" else f"-{first}")
+            name = arm_name(kind, knob, first)
             arm = Arm(model, logs, name, kind, knob, first)
             try:
                 rows[name] = {"kind": kind, "knob": knob, "first_token": first,

@@ -517,14 +517,18 @@ def disaggregation_predicted(d: dict) -> list[str]:
             m = measured.get(name)
             rows.append([name, f"{a['goodput']:g}/s",
                          ", ".join(f"{r['rate']:g}/s: {pct(r['within_slo'])}" for r in a["ladder"]),
-                         f"{m['goodput']:g}/s" if m else "not run",
+                         _why(a["ladder"][-1]), f"{m['goodput']:g}/s" if m else "not run",
                          ", ".join(f"{r['rate']:g}/s: {pct(r['within_slo'])}" for r in m["ladder"]) if m else ""])
         out += [f"**{trace}**", ""] + table(["arm", "predicted goodput", "predicted within SLOs by rate",
+                                             "predicted last rate: missed TTFT / ITL; first gap p50, later gaps p99",
                                              "measured goodput", "measured within SLOs by rate"], rows)
         ratio = p["split_vs_best_colocated"]
+        # predictions made before the split ran with each --first-token have no best per mode
+        by_first = "; ".join(f"best split with --first-token {f}: {n}, {p['arms'][n]['goodput']:g}/s"
+                             for f, n in (p.get("best_split_by_first_token") or {}).items())
         out += ["", f"{trace}: predicted best {p['best_colocated']} and {p['best_split']}, split "
                     f"{times(ratio) if ratio is not None else 'n/a (colocated meets the SLOs at no rate)'} the best "
-                    "colocated.", ""]
+                    "colocated" + (f"; {by_first}" if by_first else "") + ".", ""]
     return out
 
 
