@@ -257,10 +257,13 @@ def test_each_role_starts_from_its_own_knobs_until_the_tuner_chooses():
     assert parse_knobs(data["knobs-prefill.json"]) == SchedulerKnobs(2048, 1024, 2)
     assert parse_knobs(data["knobs-decode.json"]) == SchedulerKnobs(128, 64, 2)  # spec.scheduler's
     assert t.desired_knobs(obj) == (SchedulerKnobs(128, 64, 2), "spec")  # the resource's, as before
-    # tuning auto: the tuner's knobs, once chosen, go to both roles under its generation
+    # tuning auto: the tuner's knobs, once chosen, go to the decode pods (whose latencies it measured) under its
+    # generation; the prefill pods keep their role's own, under the spec's generation counted past the tuner's
     obj.status.scheduler = t.SchedulerStatus(tokenBudget=256, maxChunk=32, source="tuner", generation=9)
     data = b.knobs_configmap(obj)["data"]
-    assert {parse_knobs(v) for v in data.values()} == {SchedulerKnobs(256, 32, 9)}
+    assert parse_knobs(data["knobs-decode.json"]) == SchedulerKnobs(256, 32, 9)
+    assert parse_knobs(data["knobs-prefill.json"]) == SchedulerKnobs(2048, 1024, 2 + 9)
+    assert t.desired_knobs(obj, "prefill")[1] == "spec" and t.desired_knobs(obj, "decode")[1] == "tuner"
     # a knob change touches only the ConfigMap: no role's pods restart
     before = b.desired_objects(disaggregated(ON))
     changed = disaggregated({**ON, "decode": {"replicas": 3, "knobs": {"tokenBudget": 512, "maxChunk": 256}}})
@@ -351,7 +354,8 @@ def test_the_tuners_threshold_goes_to_the_decode_pods_alone():
     obj.status.scheduler = t.SchedulerStatus.of(t.Knobs(256, 32, 512), source="tuner", generation=9)
     assert obj.status.scheduler.disagg_threshold == 512
     assert t.desired_knobs(obj, "decode") == (SchedulerKnobs(256, 32, 9, 512), "tuner")
-    assert t.desired_knobs(obj, "prefill") == (SchedulerKnobs(256, 32, 9), "tuner")  # a prefill pod routes nothing
+    # a prefill pod routes nothing and is not what the tuner measured: its role's own knobs (here spec.scheduler's)
+    assert t.desired_knobs(obj, "prefill") == (SchedulerKnobs(128, 64, 2 + 9), "spec")
     assert t.desired_knobs(obj) == (SchedulerKnobs(256, 32, 9, 512), "tuner")  # the tuner's own view: whole
     # the durable copy: the decode pods' file carries it, the prefill pods' does not
     data = b.knobs_configmap(obj)["data"]
@@ -373,10 +377,11 @@ def test_the_tuners_threshold_goes_to_the_decode_pods_alone():
 
 
 def test_the_tuners_wait_counts_each_pod_at_its_roles_knobs():
-    """applied_everywhere: decode pods must acknowledge the threshold too, prefill pods the knobs without it."""
+    """applied_everywhere: decode pods must acknowledge the tuner's knobs with the threshold; prefill pods run their
+    role's own knobs, which the wait does not hold them to."""
     want = SchedulerKnobs(256, 32, 9, 512)
     pods = [t.PodKnobs(pod="d", role="decode", tokenBudget=256, maxChunk=32, generation=9, disaggThreshold=512),
-            t.PodKnobs(pod="p", role="prefill", tokenBudget=256, maxChunk=32, generation=9)]
+            t.PodKnobs(pod="p", role="prefill", tokenBudget=2048, maxChunk=1024, generation=11)]
     status = t.KnobsStatus(tokenBudget=256, maxChunk=32, generation=9, disaggThreshold=512, pods=pods)
     assert status.applied_everywhere(want, ready_replicas=2)
     dropped = [pods[0].model_copy(update={"disagg_threshold": None}), pods[1]]  # a decode pod without it

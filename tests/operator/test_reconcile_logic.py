@@ -392,8 +392,10 @@ def test_the_tuners_threshold_is_pushed_to_the_decode_pods_alone():
     r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
     assert sorted(pushed) == [("smollm2-decode-0", SchedulerKnobs(256, 128, 7, 512)),
                               ("smollm2-decode-1", SchedulerKnobs(256, 128, 7, 512)),
-                              ("smollm2-prefill-0", SchedulerKnobs(256, 128, 7)),
-                              ("smollm2-prefill-1", SchedulerKnobs(256, 128, 7))]
+                              # the prefill pods: their role's own knobs, not the tuner's (it measured the decode
+                              # pods), under the spec's generation, counted past the tuner's
+                              ("smollm2-prefill-0", SchedulerKnobs(1024, 512, 1 + 7)),
+                              ("smollm2-prefill-1", SchedulerKnobs(1024, 512, 1 + 7))]
     status = t.InferenceDeploymentStatus.model_validate(kube.resource["status"])
     assert status.knobs.disagg_threshold == 512 and status.knobs.applied_replicas == 2
     assert {(p.pod, p.disagg_threshold) for p in status.knobs.pods} == {

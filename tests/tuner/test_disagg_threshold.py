@@ -318,7 +318,8 @@ def test_the_tuner_writes_its_threshold_into_status_scheduler_and_waits_for_ever
                                               "generation": 4, "disaggThreshold": DISAGG_NEVER}}
     pods = [{"pod": "d", "role": "decode", "tokenBudget": 256, "maxChunk": 32, "generation": 4,
              "disaggThreshold": DISAGG_NEVER},
-            {"pod": "p", "role": "prefill", "tokenBudget": 256, "maxChunk": 32, "generation": 4}]
+            # a prefill pod runs its role's own knobs (api.types.desired_knobs), which the wait does not hold it to
+            {"pod": "p", "role": "prefill", "tokenBudget": 2048, "maxChunk": 1024, "generation": 7}]
     kube.raw["status"] |= {"readyReplicas": 2, "knobs": {"tokenBudget": 256, "maxChunk": 32, "generation": 4,
                                                          "disaggThreshold": DISAGG_NEVER, "pods": pods}}
     assert actuator.applied(generation)

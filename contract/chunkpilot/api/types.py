@@ -304,7 +304,9 @@ class RoleSpec(_Model):
     knobs: SchedulerSpec | None = Field(
         None, description="This role's initial scheduler knobs, in place of spec.scheduler for its pods (a prefill "
                           "pod runs long prompts alone and can take a larger budget and chunk than a decode pod). As "
-                          "spec.scheduler's, the tuner's knobs replace them in tuning.mode auto.")
+                          "spec.scheduler's, the tuner's knobs replace the decode pods' in tuning.mode auto; the "
+                          "prefill pods keep these (the tuner measures the clients' latencies on the decode pods "
+                          "and has nothing to tune a prefill pod's knobs by).")
 
 
 class DisaggregationSpec(_Model):
@@ -551,9 +553,9 @@ class KnobsStatus(_Model):
 
     def applied_everywhere(self, knobs: SchedulerKnobs, ready_replicas: int) -> bool:
         """Every ready pod acknowledged exactly `knobs` (values and generation) as its role runs them
-        (role_knobs: a prefill pod without the threshold): the tuner's wait."""
-        return (self.scheduler_knobs == role_knobs(knobs, "decode") and len(self.pods) >= max(1, ready_replicas)
-                and all(p.scheduler_knobs == role_knobs(knobs, p.role) for p in self.pods))
+        (a prefill pod runs its role's own knobs, not the tuner's: desired_knobs): the tuner's wait."""
+        return (self.scheduler_knobs == knobs and len(self.pods) >= max(1, ready_replicas)
+                and all(p.scheduler_knobs == knobs for p in self.pods if p.role != "prefill"))
 
 
 class KnobsMeasurement(_Model):
@@ -652,15 +654,6 @@ class InferenceDeployment(_Model):
     status: InferenceDeploymentStatus = Field(default_factory=InferenceDeploymentStatus)
 
 
-def role_knobs(knobs: SchedulerKnobs, role: str | None) -> SchedulerKnobs:
-    """The knobs a pod of `role` runs of the deployment's `knobs`: the disaggregation threshold is the decode
-    pods' alone (a prefill pod routes nothing), so a prefill pod's knobs never carry it. Role None (every pod of a
-    resource without disaggregation, or the tuner's own view) keeps them whole."""
-    if role == "prefill" and knobs.disagg_threshold is not None:
-        return SchedulerKnobs(knobs.token_budget, knobs.max_chunk, knobs.generation)
-    return knobs
-
-
 def desired_knobs(obj: InferenceDeployment,
                   role: str | None = None) -> tuple[SchedulerKnobs, Literal["spec", "tuner"]]:
     """The knobs the pods should run now, and whose they are: one owner per mode. In tuning mode auto, once the
@@ -671,16 +664,18 @@ def desired_knobs(obj: InferenceDeployment,
 
     With `role` (a disaggregated deployment's prefill or decode pods), the spec's knobs are the role's own
     (spec.disaggregation.<role>.knobs) where it has them, under the same generation (they are part of the spec);
-    the tuner's, once chosen, go to both roles alike, but for the disaggregation threshold the tuner chose
-    (disaggregation mode auto), which only the decode pods get (role_knobs). The spec's knobs carry no threshold:
-    the pods' start-up --disagg-threshold (spec.disaggregation.threshold) holds until the tuner chooses one."""
+    the tuner's, once chosen, go to the decode pods alone: the tuner measures the clients' TTFT and ITL on the
+    decode pods and chose its budget and chunk (and, in disaggregation mode auto, the threshold) for them; a prefill
+    pod computes prompts alone, and its role's own knobs (a large chunk, for its throughput) hold. The spec's knobs
+    carry no threshold: the pods' start-up --disagg-threshold (spec.disaggregation.threshold) holds until the tuner
+    chooses one."""
     st = obj.status.scheduler
-    if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner":
+    if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner" and role != "prefill":
         knobs = SchedulerKnobs.of(st.knobs, st.generation)
         d = obj.spec.disaggregation
         if d is None or d.mode != "auto":  # a threshold left from an earlier auto: the spec's threshold holds now
             knobs = SchedulerKnobs(knobs.token_budget, knobs.max_chunk, knobs.generation)
-        return role_knobs(knobs, role), "tuner"
+        return knobs, "tuner"
     generation = int(obj.metadata.get("generation") or 0) + (st.generation if st is not None else 0)
     scheduler = obj.spec.scheduler
     if role is not None and obj.spec.disaggregation is not None:
