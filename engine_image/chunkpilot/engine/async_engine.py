@@ -276,13 +276,17 @@ class AsyncEngine:
         m.kv_xfer_bytes.observe(nbytes)
         m.kv_transfer_bytes.inc(nbytes)
         m.kv_transfer("ok").inc()
-        self._send_held(live, t2)  # before the blocks join the batch, so it precedes every token the steps make
         if live.abandoned or self._closing:
             self.engine.cancel_reserved(seq)
             self._wake.set()
             return self._end_unfinished(live)
         live.admitted = t2
-        self.engine.admit_prefilled(seq, live.detok)
+        # with-kv: the held first token goes as the blocks join the batch, on the step loop's thread, before the
+        # step that makes the second token (not at the pull's end: the wait for the step in flight would land in
+        # the first gap); after admission only that thread touches live.held
+        self.engine.admit_prefilled(seq, live.detok,
+                                    on_admitted=(lambda: self._send_held(live, time.monotonic()))
+                                    if live.held is not None else None)
         self._wake.set()
 
     def _prefill_here(self, live: _Live, reason: str) -> None:

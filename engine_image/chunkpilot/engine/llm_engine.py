@@ -265,10 +265,12 @@ class LLMEngine:
         self._pending.put(("reserve", (seq, fut)))
         return fut
 
-    def admit_prefilled(self, seq: Sequence, detok: IncrementalDetokenizer) -> None:
+    def admit_prefilled(self, seq: Sequence, detok: IncrementalDetokenizer,
+                        on_admitted: Callable[[], None] | None = None) -> None:
         """Decode side: the reserved blocks hold the verified K/V of the whole prompt: `seq` decodes from the next
-        step on."""
-        self._pending.put(("admit", (seq, detok)))
+        step on. `on_admitted`: called on the step loop's thread as it joins the batch, before that step computes
+        (--first-token with-kv sends the first token there, so the gap to the second is that one step)."""
+        self._pending.put(("admit", (seq, detok, on_admitted)))
 
     def cancel_reserved(self, seq: Sequence) -> None:
         """Decode side: give back what `reserve_prefilled` took (the transfer failed or the client left); the
@@ -369,10 +371,12 @@ class LLMEngine:
                 ok = self.scheduler.has_room and self.block_manager.allocate_prompt(seq, len(seq.prompt_token_ids))
                 fut.set_result(bool(ok))
             elif kind == "admit":
-                seq, detok = item
+                seq, detok, on_admitted = item
                 seq.num_computed_tokens = len(seq.prompt_token_ids)
                 self.scheduler.add_prefilled(seq)
                 self._live[seq.request_id] = (seq, detok)
+                if on_admitted is not None:
+                    on_admitted()
             elif kind == "cancel":
                 self.block_manager.free(item)
                 item.num_cached_tokens = 0

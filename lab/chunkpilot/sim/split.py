@@ -8,10 +8,9 @@ real scheduler, a step cost), and between them what kv_transfer/decode_side.py d
    no prefix cache, so every prompt token counts as uncached.
 2. The prefill engine computes the prompt alone (max_tokens 1, its own knobs and queue) and samples the first
    token at the end of that step. Under the decode engine's `--first-token early` the client has it then (the
-   gap to the second token holds the pull); under `with-kv` it is held until the pull ends and sent then, just
-   before the blocks are queued to join the batch (AsyncEngine._remote_attempt), so TTFT holds the pull and the
-   first gap is the decode step the blocks join (plus the rest of a step in flight). A fallback sends it as
-   the local prefill is queued.
+   gap to the second token holds the pull); under `with-kv` it is held until the blocks join the batch at a step
+   boundary and sent then (LLMEngine.admit_prefilled's on_admitted), so TTFT holds the pull and the first gap is
+   the decode step the blocks join. A fallback sends it as the local prefill is queued.
 3. At the decode engine's next step boundary blocks are reserved (no room: the prompt is prefilled there after
    all, with the first token, as the engine's `no_room` fallback); the pull (read + checksums, sim/transfer.py)
    runs on a thread for its seconds, and its blocks join the batch at the first step boundary after it ends.
@@ -134,9 +133,9 @@ class DecodeEngine(Simulator):
             if kind == "reserve":
                 self._reserve(seq)
             elif kind == "admit":
-                # with-kv: the engine sends the held token when the pull ends (`at`), before the blocks wait for
-                # this boundary, so it precedes every token the steps make
-                self._send_held(rid, at)
+                # with-kv: the engine sends the held token as the blocks join the batch (this boundary), before
+                # the step that makes the second token
+                self._send_held(rid, self.now)
                 seq.num_computed_tokens = len(seq.prompt_token_ids)
                 self.scheduler.add_prefilled(seq)
                 del self._remote[rid]
