@@ -56,9 +56,9 @@ TRACES = {"prefill_heavy": ((512, 1024), (32, 64)), "chat": ((16, 128), (16, 64)
 # each trace's ladder of rates (requests/s): a 1024-token prompt takes seconds on one core, a chat prompt a tenth
 RATES = {"prefill_heavy": (0.1, 0.2, 0.3, 0.4, 0.6), "chat": (0.5, 1.0, 2.0, 3.0, 4.0)}
 # what is tried, best in hindsight: the colocated engines' chunk, the split's threshold (every prefill-heavy prompt
-# is above either; on chat 64 sends about half the prompts)
-CHUNKS = (64, 256)
-THRESHOLDS = {"prefill_heavy": (0,), "chat": (64,)}
+# is above either; on chat 0 sends every prompt, 64 about half)
+CHUNKS = (64, 256, 512)
+THRESHOLDS = {"prefill_heavy": (0,), "chat": (0, 64)}
 # what is predicted beside them (the simulator's seconds are cheap): more chunks, and thresholds from every prompt
 # (0) to none (inf: the decode engine prefills everything itself under its own small chunk)
 PREDICT_CHUNKS = (64, 128, 256, 512)
