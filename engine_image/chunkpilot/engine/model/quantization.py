@@ -112,8 +112,11 @@ class Int4Linear(nn.Module):
         q = (torch.round((w - zero) / scale) + 8).clamp(0, 15).reshape(out, inp).to(torch.int32).contiguous()
         self.register_buffer("qweight", _op("_convert_weight_to_int4pack_for_cpu")(q, 1))
         # the dense path reads the kernel's packing back; a layout this code does not know keeps the kernel
-        unpacked = _unpack_int4(self.qweight, out, inp)
-        self.unpacks = unpacked is not None and torch.equal(unpacked, q.to(torch.uint8))
+        q8 = q.to(torch.uint8)
+        self.layout = next((layout for layout in INT4_LAYOUTS
+                            if (u := _unpack_int4(self.qweight, out, inp, layout)) is not None and torch.equal(u, q8)),
+                           None)
+        self.unpacks = self.layout is not None
         # [in / group, out, 2]
         self.register_buffer("scales_and_zeros", torch.cat([scale, zero], -1).permute(1, 0, 2)
                              .contiguous().to(COMPUTE_DTYPE))
@@ -129,7 +132,7 @@ class Int4Linear(nn.Module):
     def dense_weight(self) -> torch.Tensor:
         """The bfloat16 weights, unpacked from the kernel's layout: w = q * scale + (zero - 8 * scale) per group,
         one rounding to bfloat16 (the kernel also computes in bfloat16)."""
-        q = _unpack_int4(self.qweight, self.out_features, self.in_features)
+        q = _unpack_int4(self.qweight, self.out_features, self.in_features, self.layout)
         sz = self.scales_and_zeros.float().permute(1, 0, 2).contiguous()  # [out, in / group, 2]
         scale, zero = sz[..., :1], sz[..., 1:]
         w = torch.addcmul(zero - 8 * scale, q.view(self.out_features, -1, self.group).float(), scale)
@@ -147,20 +150,25 @@ class Int4Linear(nn.Module):
         return y.to(dtype).reshape(*shape[:-1], self.out_features)
 
 
-def _unpack_int4(packed: torch.Tensor, out: int, inp: int) -> torch.Tensor | None:
-    """q [out, in] uint8 from `_convert_weight_to_int4pack_for_cpu`'s packing (read off PyTorch 2.15 by packing
-    known values): output channels in blocks of 64 (then one of 32), each block input-major; a byte of a 64-block
-    holds channel j in its low nibble and j + 32 in its high one, of a 32-block channels 2j and 2j + 1. None for
-    shapes outside it (Int4Linear checks the result against the values it packed, so a new layout is never
-    misread, only slower)."""
+# `_convert_weight_to_int4pack_for_cpu`'s packings (read off PyTorch 2.15 by packing known values): output channels
+# in blocks as wide as four of the CPU's float vectors, each block input-major. "half": a byte holds channel j in its
+# low nibble and j + block/2 in its high one; "pair": channels 2j and 2j + 1. AVX-512 packs blocks of 64 (halves),
+# then one of 32 (pairs); AVX2 blocks of 32 (halves).
+INT4_LAYOUTS: tuple[tuple[tuple[int, str], ...], ...] = (((64, "half"), (32, "pair")), ((32, "half"),))
+
+
+def _unpack_int4(packed: torch.Tensor, out: int, inp: int,
+                 layout: tuple[tuple[int, str], ...]) -> torch.Tensor | None:
+    """q [out, in] uint8 from a packing of INT4_LAYOUTS; None for shapes outside it (Int4Linear checks the result
+    against the values it packed, so a layout this code does not know is never misread, only slower)."""
     flat, parts, at = packed.reshape(-1), [], 0
-    for block in (64, 32):
+    for block, nibbles in layout:
         n = (out - sum(p.shape[0] for p in parts)) // block * block
         if not n:
             continue
         b = flat[at : at + n * inp // 2].view(n // block, inp, block // 2)
         at += n * inp // 2
-        nib = (torch.cat([b & 15, b >> 4], -1) if block == 64
+        nib = (torch.cat([b & 15, b >> 4], -1) if nibbles == "half"
                else torch.stack([b & 15, b >> 4], -1).view(n // block, inp, block))
         parts.append(nib.permute(0, 2, 1).reshape(n, inp))
     if at != flat.numel():
