@@ -321,10 +321,18 @@ def main() -> None:
     ap.add_argument("--pull-overhead", type=float, default=0.0,
                     help="--predict-only: seconds added to every pull (a what-if for costs the transfer bench "
                          "does not time: HTTP round trips, first contact)")
-    ap.add_argument("--out", default="disaggregation_predicted", help="--predict-only: the result's name")
+    ap.add_argument("--rates", default="", help="the ladder (requests/s, comma-separated) in place of the trace's "
+                                                "own: a finer one, or one that starts lower where no colocated arm "
+                                                "holds the first rung")
+    ap.add_argument("--arms", default="", help="only these arms (names as in the output, comma-separated), e.g. "
+                                               "the best of each kind again on a finer ladder")
+    ap.add_argument("--out", default=None, help="the result's name (default: disaggregation, or "
+                                                "disaggregation_predicted with --predict-only)")
     args = ap.parse_args()
     if args.predict_only:
+        args.out = args.out or "disaggregation_predicted"
         return predict_only(args)
+    only = set(filter(None, args.arms.split(",")))
     model = model_dir()
     logs = Path(tempfile.mkdtemp(prefix="disagg-bench-"))
     ttft_1024, itl_alone = calibrate(model, logs)
@@ -340,12 +348,17 @@ def main() -> None:
         rows = {}
         arms = [("colocated", c, "early") for c in CHUNKS] + [("split", t, f) for t in THRESHOLDS[trace]
                                                                for f in FIRST_TOKEN_MODES]
+        arms = [a for a in arms if not only or arm_name(*a) in only]
+        ladder = [float(r) for r in args.rates.split(",")] if args.rates else list(RATES[trace])
+        if {kind for kind, _, _ in arms} != {"colocated", "split"}:  # before any engine starts
+            raise SystemExit(f"--arms must name at least one colocated and one split arm of {trace}: "
+                             f"{', '.join(arm_name(*a) for a in arms) or 'none'} chosen")
         for kind, knob, first in arms:
             name = arm_name(kind, knob, first)
             arm = Arm(model, logs, name, kind, knob, first)
             try:
                 rows[name] = {"kind": kind, "knob": knob, "first_token": first,
-                              **goodput(arm, trace, list(RATES[trace]), args.requests, slo)}
+                              **goodput(arm, trace, ladder, args.requests, slo)}
             finally:
                 arm.stop()
         best_col = max((r for r in rows.values() if r["kind"] == "colocated"), key=lambda r: r["goodput"])
@@ -375,7 +388,7 @@ def main() -> None:
                color=["tab:blue" if t["arms"][n]["kind"] == "colocated" else "tab:orange" for n in names])
         ax.set_title(f"{trace}: goodput (req/s, >= 90 % within SLOs)")
         ax.tick_params(axis="x", rotation=30)
-    save("disaggregation", result, fig)
+    save(args.out or "disaggregation", result, fig)
 
 
 if __name__ == "__main__":

@@ -321,7 +321,8 @@ class DisaggregationSpec(_Model):
                            "prefill.replicas prefill pods behind a headless Service and decode.replicas decode pods "
                            "behind the client Service; auto: as on, and with tuning.mode auto the tuner searches "
                            "the decode pods' threshold beside the knobs (never, that is colocated, included and "
-                           "measured first; status.scheduler.disaggThreshold), the split staying as given. Quote it in YAML (\"on\", \"off\"): YAML 1.1, which kubectl reads, "
+                           "measured first; status.scheduler.disaggThreshold), the split staying as given. "
+                           "Quote it in YAML (\"on\", \"off\"): YAML 1.1, which kubectl reads, "
                            "takes a bare on or off for a boolean, and the API server then refuses it as one.")
     threshold: int = Field(defaults.DISAGG_THRESHOLD, ge=0, le=1_048_576,
                            description="Uncached prompt tokens above which a decode pod has a prefill pod compute "

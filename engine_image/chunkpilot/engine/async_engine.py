@@ -240,8 +240,8 @@ class AsyncEngine:
 
     async def _remote_attempt(self, live: _Live, peer, auth: str | None, salt: str | None) -> None:
         """One prefill pod computes the prompt and its blocks are pulled. The first attempt that gets a first
-        token streams it (with-kv: once the blocks are here); a later attempt's must be the same (RemotePrefill.prefill checks). Raises PullFailed,
-        having given back what it reserved."""
+        token streams it (with-kv: as the blocks join the batch); a later attempt's must be the same
+        (RemotePrefill.prefill checks). Raises PullFailed, having given back what it reserved."""
         seq, m, remote = live.seq, self.metrics, self.remote
         offer = await remote.prefill(peer, seq, auth=auth, cache_salt=salt)
         if live.detok is None:
