@@ -34,9 +34,16 @@ def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
     # the sizing runs for real, kept short: one probe round and 10-s checks for at most 30 s; --force: this test is
     # about every part working, whatever the check on a busy test machine says (test_a_sizing_that_cannot_pass_...
     # is its own). The engines quantize their weights to int8 (issue 39): the probe fits their step cost and the
-    # tuner applies knobs as with float32 weights (the float32 path runs in the other two demo tests).
+    # tuner applies knobs as with float32 weights (the float32 path runs in the other two demo tests). Not on a CPU
+    # without AVX-512: int8's large steps compute in bfloat16, which such a CPU emulates (a 200-token prefill took
+    # 4.7 s against float32's 0.8 s on an AVX2-only host), and the demo's windows then hold too few requests to count;
+    # int8 itself is tested there too (test_quantization.py).
+    import torch
+
+    quantized = "AVX512" in torch.backends.cpu.get_cpu_capability()
     proc = demo(tmp_path, "--duration", "90", "--rate", "0.8", "--window", "12", "--probe-rounds", "1",
-                "--check-seconds", "10", "--sizing-seconds", "30", "--force", "--quantization", "int8")
+                "--check-seconds", "10", "--sizing-seconds", "30", "--force",
+                *(("--quantization", "int8") if quantized else ()))
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     assert "SLO attainment: tuned" in out and "best fixed knobs in hindsight" in out
@@ -58,7 +65,7 @@ def test_short_demo_applies_trials_and_writes_the_report(smollm2_dir, tmp_path):
     # int8 engines (both groups get the flag), and the probe's fit has a positive cost per prompt token and per
     # decoding sequence on them
     from chunkpilot.demo.run import DemoConfig, _engine_args
-    assert doc["config"]["quantization"] == "int8"
+    assert doc["config"]["quantization"] == ("int8" if quantized else None)
     assert "--quantization int8" in " ".join(_engine_args(DemoConfig(model="m", out=tmp_path, quantization="int8"),
                                                           None))
     assert sizing["coefficients"]["prefill_tokens"] > 0 and sizing["coefficients"]["decode_seqs"] > 0, sizing

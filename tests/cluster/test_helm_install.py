@@ -429,7 +429,9 @@ def test_two_operator_replicas_outlive_an_api_outage_and_push_the_next_change(ad
 def new_namespace(admin: Admin, name: str) -> str:
     """A namespace whose default ServiceAccount exists (the controller manager makes it; pods are refused before)."""
     admin.k.namespace(name)
-    poll(lambda: admin.k.core.list_namespaced_service_account(name).items, 30, f"the default account of {name}",
+    # 90 s: the controller manager's service-account controller is one of many on a node the other test worker
+    # loads; once, 30 s passed before it got to a new namespace
+    poll(lambda: admin.k.core.list_namespaced_service_account(name).items, 90, f"the default account of {name}",
          admin.diagnose)
     return name
 
