@@ -559,6 +559,9 @@ SECTIONS = (
     Section("kv_transfer", "Moving a prompt's KV blocks (NIXL)", "python bench/kv_transfer.py", kv_transfer),
     Section("disaggregation", "Prefill/decode disaggregation against the best colocated knobs",
             "python bench/disaggregation.py --itl-x 3", disaggregation),
+    Section("disaggregation_ladder", "Prefill/decode disaggregation: the best arms again on a lower ladder",
+            "python bench/disaggregation.py --itl-x 3 --traces prefill_heavy --rates 0.05,0.1,0.15,0.2 --arms "
+            "colocated-256,colocated-512,split-0-with-kv --out disaggregation_ladder", disaggregation),
     Section("disaggregation_predicted", "Prefill/decode disaggregation predicted by the simulator",
             "python bench/disaggregation.py --predict-only", disaggregation_predicted),
     Section("predictor_vs_sim", "The step-time predictor against the simulator", "python bench/predictor_vs_sim.py",
