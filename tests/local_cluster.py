@@ -19,9 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -112,6 +112,27 @@ def pause_image(workdir: Path, catatonit: str) -> tuple[str, Path]:
     """The sandbox image, from scripts/pause-image/Dockerfile and Debian's catatonit (one static binary)."""
     return scratch_image(workdir, "pause", {"/pause": catatonit})
 
+
+
+def kill_shims(sock: Path) -> list[int]:
+    """SIGKILL the containerd shims attached to `sock` once containerd is stopped. remove_containers stops the
+    containers it lists, but a sandbox the kubelet created while that ran (a pod restarted under a test's load) keeps
+    its shim, which outlives containerd by design; nothing else would ever stop it. Returns the pids killed."""
+    killed = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and str(sock).encode() in argv:
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+            except ProcessLookupError:
+                pass
+    return killed
 
 class _Yaml11Loader(yaml.SafeLoader):
     """PyYAML reads a bare `=` as YAML 1.1's "value" tag, which the Prometheus Operator's CRDs contain (an enum of
@@ -460,6 +481,7 @@ state = "{self.containerd_run / 'state'}"
             self.remove_containers()
         for name in ("prometheus-operator", "coredns", "kube-router", "kube-proxy", "kube-scheduler", "containerd"):
             stop_process(self.procs.pop(name, None), grace=15)
+        kill_shims(self.sock)
         if self.with_network_policy:  # its chains and address sets outlive it
             subprocess.run([self.bin["kube-router"], "--cleanup-config"], capture_output=True, timeout=60)
         if "kube-proxy" in self.bin:  # its iptables chains and rules, which outlive it

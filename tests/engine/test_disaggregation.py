@@ -295,7 +295,11 @@ def test_the_first_token_leaves_at_once_or_with_the_blocks(pair, with_kv):
         loop = asyncio.get_running_loop()
         assert await loop.run_in_executor(None, Gated.reading.wait, 30), "the pull never started"
         if with_kv:
-            await asyncio.sleep(0.2)  # room for a wrongly early token to arrive; the right code cannot send one
+            # An early token is handed to this loop before the pull even reserves blocks, so before the read began;
+            # the executor's answer above came after it, and a few turns of the loop let the consumer take it.
+            # Nothing arriving by then means none was sent before the read.
+            for _ in range(5):
+                await asyncio.sleep(0)
             seen = len(tokens)
         else:
             for _ in range(250):  # it is on its way (delivered before the read began)
