@@ -15,8 +15,10 @@ from chunkpilot.lab.child_process import free_port, stop_process, wait_http_read
 
 
 class EngineServer:
-    def __init__(self, model: str, log_dir: Path, *args: str, name: str = "smollm2", env: dict | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, model: str, log_dir: Path, *args: str, name: str = "smollm2", env: dict | None = None,
+                 port: int | None = None) -> None:
+        """`port`: one chosen beforehand (free_port), where another process must be told it first."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name
         self.log_path = log_dir / f"server-{self.port}.log"

@@ -65,7 +65,10 @@ def test_a_bad_push_gets_a_4xx_naming_the_field_and_keeps_the_last_good_knobs(ad
                         ({"token_budget": 2, "max_chunk": 1, "generation": 60}, "max_num_seqs"),
                         ({"token_budget": "64", "max_chunk": 16, "generation": 60}, "token_budget"),
                         ({"token_budget": 64, "max_chunk": 16, "generation": 60, "extra": 1}, "extra"),
-                        ({"token_budget": 64, "max_chunk": 16}, "generation")]:
+                        ({"token_budget": 64, "max_chunk": 16}, "generation"),
+                        ({"token_budget": 64, "max_chunk": 16, "generation": 60, "role": "both"}, "role"),
+                        # a role on an engine started without --live-roles: the message says what to change
+                        ({"token_budget": 64, "max_chunk": 16, "generation": 60, "role": "prefill"}, "--live-roles")]:
         r = put(admin_server, body)
         assert r.status_code == 400, (body, r.text)
         assert field in r.json()["error"]["message"], (body, r.json())

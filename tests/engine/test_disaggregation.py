@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -246,6 +247,66 @@ def test_the_knobs_file_carries_the_threshold_only_when_set():
         == SchedulerKnobs(64, 32, 2, 512)
     with pytest.raises(ValueError, match="disagg_threshold must be an integer >= 0"):
         SchedulerKnobs(64, 32, 2, -1).validated()
+
+
+def test_the_knobs_carry_a_live_roles_engine_role_and_no_other_engine_takes_one():
+    """--live-roles: the role rides in the knobs (file and push alike); knobs without one (the shared knobs file)
+    keep the role; an engine started without --live-roles refuses a role and keeps its knobs."""
+    from chunkpilot.contract.knobs import SchedulerKnobs, dumps_knobs, parse_knobs
+    from chunkpilot.engine.core.knobs import KnobHolder
+
+    assert parse_knobs('{"token_budget": 64, "max_chunk": 32, "generation": 2, "role": "prefill"}') \
+        == SchedulerKnobs(64, 32, 2, role="prefill")
+    assert "role" not in dumps_knobs(SchedulerKnobs(64, 32, 1))
+    with pytest.raises(ValueError, match="role must be one of prefill, decode"):
+        SchedulerKnobs(64, 32, 2, role="both").validated()
+    fixed = KnobHolder(SchedulerKnobs(64, 32, 0))
+    with pytest.raises(ValueError, match="--live-roles"):
+        fixed.set(SchedulerKnobs(64, 32, 1, role="decode"))
+    assert fixed.get() == SchedulerKnobs(64, 32, 0) and fixed.role is None
+    live = KnobHolder(SchedulerKnobs(64, 32, 0))
+    live.enable_roles("decode")
+    assert live.set(SchedulerKnobs(64, 16, 1, role="prefill")).role == "prefill"
+    assert live.set(SchedulerKnobs(128, 16, 2)) == SchedulerKnobs(128, 16, 2, role="prefill")
+    assert live.update(max_chunk=8).role == "prefill"
+
+
+def test_a_live_roles_engine_in_the_prefill_role_prefills_here_and_refuses_new_prompts_as_decode(pair):
+    """Switched to prefill, a live-roles decode engine sends no prompt on (a client that still reaches it is served
+    here); a prefill side that switched to decode answers the load poll and new prompts with 503, and still
+    releases what it granted before."""
+    from chunkpilot.engine.kv_transfer.wire import PrefillRequest
+
+    holder = pair.decode_llm.knobs
+    start = holder.get()
+    base = pair.free_blocks()
+
+    def ask(rig, salt: int) -> dict:
+        return PrefillRequest(token_ids=prompt(60, salt), params=GREEDY,
+                              fingerprint=pair.prefill_llm.kv_fingerprint()).model_dump(mode="json")
+
+    async def body(rig):
+        holder.enable_roles("decode")
+        await rig.generate(prompt(60, 41), GREEDY)
+        assert rig.metric("prefill", REMOTE_PREFILLS_SERVED) == 1
+        holder.set(holder.get().with_role("prefill"))
+        assert rig.remote.route(rig.decode.engine.make_sequence("x", prompt(60, 42), GREEDY)) is None
+        await rig.generate(prompt(60, 42), GREEDY)
+        assert rig.metric("prefill", REMOTE_PREFILLS_SERVED) == 1  # prefilled here
+        granted = await rig.client.post("/kv/prefill", json=ask(rig, 43))
+        assert granted.status_code == 200, granted.text
+        rig.side = dataclasses.replace(rig.side, accepting=lambda: False)  # the prefill pod switched to decode
+        for r in (await rig.client.get("/kv/load"), await rig.client.post("/kv/prefill", json=ask(rig, 44))):
+            assert r.status_code == 503 and "decode role" in r.json()["error"]["message"], r.text
+        released = await rig.client.post("/kv/release", json={"transfer_id": granted.json()["transfer_id"]})
+        assert released.json() == {"held": True}
+        await rig.settle()
+
+    try:
+        pair.run(body)
+    finally:
+        holder._knobs = start  # the module's engine: a fixed-role decode engine again for the other tests
+    assert pair.free_blocks() == base
 
 
 def test_a_draining_prefill_pod_stops_answering_the_load_poll(pair):

@@ -42,6 +42,8 @@ PROMPT_LOOKUP = (1, 4)  # the n-gram lookup's shortest and longest context (vLLM
 # goes to PREFILL_RETRIES other prefill pods at most before it is prefilled locally: one, because a second failure
 # in a row says more about the fleet (or the prompt) than about one pod, and each try costs the TTFT a prefill.
 ROLES = ("both", "prefill", "decode")
+# The roles a live-roles engine (--live-roles) switches between while it serves, by a knobs push or file
+LIVE_ROLES = ("prefill", "decode")
 KV_TRANSPORTS = ("nixl",)
 # When a decode engine sends the first token of a prompt a prefill pod computed: at once, or once the blocks are here
 FIRST_TOKEN_MODES = ("early", "with-kv")
@@ -169,6 +171,10 @@ SETTINGS: tuple[Setting, ...] = (
             "(serve /kv/prefill for decode pods and hold the blocks under a lease) | decode (send long uncached "
             "prompts to --prefill-peers and pull their KV blocks). See docs/disaggregation.md.", "server",
             operator=True),
+    Setting("live_roles", bool, False, "Let the role change while the engine serves (prefill <-> decode, by a "
+            "knobs push or the knobs file's role), no restart: the engine keeps both sides ready, one KV transport "
+            "for both. Needs --role prefill or decode and --prefill-peers. The operator starts spec.disaggregation "
+            "mode auto's pods so.", "server", operator=True),
     Setting("prefill_peers", str, None, "Prefill pods a decode (or both) engine may send prompts to: host:port "
             "entries separated by commas; a name that resolves to several addresses (a headless Service) is every "
             "pod behind it, resolved again every second.", "server", operator=True),

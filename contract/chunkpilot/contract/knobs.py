@@ -1,15 +1,18 @@
 """The scheduler knobs, the knobs file and the admin push that carries the same content, the contract between whoever chooses the knobs (the operator's ConfigMap,
 the local tuner, the demo) and the engine that applies them: `{"token_budget": int, "max_chunk": int,
 "generation": int}`, and on a disaggregated decode engine optionally `"disagg_threshold": int` (the uncached prompt
-tokens above which it sends a prompt to a prefill pod; docs/disaggregation.md), its one validation, its one reader
+tokens above which it sends a prompt to a prefill pod; docs/disaggregation.md) and on a live-roles engine `"role":
+"prefill" | "decode"` (the role it serves in from then on), its one validation, its one reader
 and its one writer. Torch-free: operator and tuner images
 carry this package, not the engine."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from chunkpilot.contract.engine_settings import LIVE_ROLES
 
 
 # The disaggregation threshold that sends no prompt to a prefill pod: every prompt is prefilled on the decode pod
@@ -64,10 +67,17 @@ class SchedulerKnobs:
     # disaggregation: the decode engine's threshold, moved while it serves like the two numbers; None: the engine's
     # start-up --disagg-threshold stays (and the file or push leaves the key out)
     disagg_threshold: int | None = None
+    # disaggregation mode auto: the role a live-roles engine (--live-roles) serves in, switched while it serves (the
+    # operator splits the pods between the roles, docs/disaggregation.md); None: the role it runs keeps
+    role: str | None = None
 
     @classmethod
     def of(cls, knobs: Knobs, generation: int = 0) -> "SchedulerKnobs":
         return cls(knobs.token_budget, knobs.max_chunk, generation, knobs.disagg_threshold)
+
+    def with_role(self, role: str | None) -> "SchedulerKnobs":
+        """The same knobs for a pod of `role` (the operator's push to each pod of a live split)."""
+        return replace(self, role=role)
 
     @property
     def knobs(self) -> Knobs:
@@ -97,11 +107,13 @@ class SchedulerKnobs:
         t = self.disagg_threshold
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 0):
             raise ValueError(f"disagg_threshold must be an integer >= 0 (uncached prompt tokens), got {t!r}")
+        if self.role is not None and self.role not in LIVE_ROLES:
+            raise ValueError(f"role must be one of {', '.join(LIVE_ROLES)}, got {self.role!r}")
         return self
 
 
 FIELDS = ("token_budget", "max_chunk", "generation")
-OPTIONAL_FIELDS = ("disagg_threshold",)
+OPTIONAL_FIELDS = ("disagg_threshold", "role")
 # The engine's admin endpoint (its own port): PUT a knobs file's content there to apply it at once, GET to read
 # what the engine runs; both answer with the knobs file's content. The operator pushes here (knobs_delivery.py).
 ADMIN_PATH = "/admin/knobs"
@@ -122,10 +134,11 @@ def parse_knobs(data: bytes | str) -> SchedulerKnobs:
     if unknown:
         raise ValueError(f"knobs file has unknown keys {', '.join(unknown)}; allowed: "
                          f"{', '.join(FIELDS + OPTIONAL_FIELDS)}")
-    return SchedulerKnobs(obj["token_budget"], obj["max_chunk"], obj["generation"], obj.get("disagg_threshold"))
+    return SchedulerKnobs(obj["token_budget"], obj["max_chunk"], obj["generation"], obj.get("disagg_threshold"),
+                          obj.get("role"))
 
 
-def knobs_object(knobs: SchedulerKnobs) -> dict[str, int]:
+def knobs_object(knobs: SchedulerKnobs) -> dict[str, int | str]:
     """The file's content as a JSON object (the admin endpoint's answer); optional fields only when set."""
     out = {f: getattr(knobs, f) for f in FIELDS}
     out.update({f: getattr(knobs, f) for f in OPTIONAL_FIELDS if getattr(knobs, f) is not None})

@@ -69,6 +69,10 @@ KV_RETRIES = PREFIX + "remote_prefill_retries_total"
 REMOTE_PREFILLS_SERVED = PREFIX + "remote_prefills_served_total"
 KV_LEASES_HELD = PREFIX + "kv_leases_held"
 PREFILL_PEERS_READY = PREFIX + "prefill_peers_ready"
+# the role an engine serves in now (1 on its role's series, 0 on the others'): a live-roles engine's moves while it
+# serves (docs/disaggregation.md), so dashboards and queries join on it rather than on pod names
+DISAGG_ROLE = PREFIX + "disagg_role"
+ROLE_LABEL = "role"
 TTFT_PHASE = PREFIX + "ttft_phase_seconds"
 REASON_LABEL = "reason"
 OUTCOME_LABEL = "outcome"
@@ -93,7 +97,7 @@ ALL_NAMES = (
     SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS, STEP_COST_MOMENTS, TENSOR_PARALLEL_SIZE,
     RANK_WEIGHT_BYTES, RANK_KV_CACHE_BYTES, KV_XFER_TIME, KV_BYTES_TRANSFERRED, KV_FAILED_TRANSFERS, KV_TRANSFERS,
     KV_TRANSFER_BYTES, KV_FALLBACKS, KV_RETRIES, REMOTE_PREFILLS_SERVED, KV_LEASES_HELD, PREFILL_PEERS_READY,
-    TTFT_PHASE,
+    DISAGG_ROLE, TTFT_PHASE,
 )
 HISTOGRAMS = (TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS,
               REQUEST_GENERATION_TOKENS, ITERATION_TOKENS, KV_XFER_TIME, KV_BYTES_TRANSFERRED, TTFT_PHASE)

@@ -431,3 +431,5 @@ class AsyncEngine:
         self.metrics.token_budget.set(knobs.token_budget)
         self.metrics.max_chunk.set(knobs.max_chunk)
         self.metrics.generation.set(knobs.generation)
+        if knobs.role is not None:  # a live-roles engine's role (others publish their start-up role once)
+            self.metrics.publish_role(knobs.role)

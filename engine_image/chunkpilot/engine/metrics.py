@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily
 from chunkpilot.contract.metric_names import *  # noqa: F401,F403
 from chunkpilot.contract.metric_names import (ITERATION_TOKEN_BUCKETS, ITL_BUCKETS, MODEL_LABEL,
                                               REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, one_two_five_buckets)
+from chunkpilot.contract.engine_settings import ROLES
 from chunkpilot.contract.step_cost import StepMoments
 
 # `*_created` series double the exposition and no dashboard or rule here uses them (vLLM drops them too).
@@ -110,6 +111,9 @@ class EngineMetrics:
         self.prefill_peers_ready = gauge(PREFILL_PEERS_READY, "Prefill pods that answered this decode pod's last "
                                          "poll with the same KV layout (saturated ones included).")
         self.kv_leases_held = gauge(KV_LEASES_HELD, "Prompts whose KV blocks this prefill pod holds for a decode pod.")
+        self._role = Gauge(DISAGG_ROLE, "1 on the role this engine serves in now (both, prefill or decode), 0 on the "
+                           "others; a live-roles engine's changes while it serves.", [MODEL_LABEL, ROLE_LABEL],
+                           registry=r)
         self._ttft_phase = Histogram(TTFT_PHASE, "A remotely prefilled request's time to first token by phase; "
                                      "first_decode: from the transfer to the second token.",
                                      [MODEL_LABEL, PHASE_LABEL], buckets=TTFT_BUCKETS, registry=r)
@@ -132,6 +136,10 @@ class EngineMetrics:
 
     def kv_retry(self, reason: str):
         return self._kv_retries.labels(self.model_name, reason)
+
+    def publish_role(self, role: str) -> None:
+        for r in ROLES:
+            self._role.labels(self.model_name, r).set(1 if r == role else 0)
 
     def ttft_phase(self, phase: str):
         return self._ttft_phase.labels(self.model_name, phase)

@@ -79,9 +79,12 @@ class RemotePrefill:
     # ---- 1. where the prompt is prefilled ---------------------------------------------------------------
     def route(self, seq: Sequence) -> Peer | None:
         """The prefill pod for `seq`, or None: prefill here. The threshold is the knobs' (pushed or from the knobs
-        file, as the tuner moves it) where they carry one, else the start-up setting."""
-        pushed = self.engine.knobs.get().disagg_threshold
-        threshold = self.threshold if pushed is None else pushed
+        file, as the tuner moves it) where they carry one, else the start-up setting. A live-roles engine in the prefill
+        role prefills every prompt itself (its own address may still be among the peers for a DNS refresh)."""
+        knobs = self.engine.knobs.get()
+        if knobs.role == "prefill":  # a live-roles engine switched to prefill: what clients still send it stays here
+            return None
+        threshold = self.threshold if knobs.disagg_threshold is None else knobs.disagg_threshold
         if self.uncached_tokens(seq) <= threshold:
             return None
         return self.peers.pick()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -36,6 +37,9 @@ class PrefillSide:
     fingerprint: str
     lease_seconds: float
     leases: LeaseTable = dataclasses.field(default_factory=LeaseTable)
+    # whether it takes new prompts: a live-roles engine only while its role is prefill; what it granted before a
+    # switch to decode is still read (/kv/agent) and released (/kv/release), and its leases still expire
+    accepting: Callable[[], bool] = lambda: True
 
     async def sweep(self) -> None:
         """Give back the blocks of expired leases (a decode pod that died releases nothing), forever."""
@@ -58,9 +62,16 @@ def add_kv_routes(app: FastAPI, side, salt_of) -> None:
         return s
 
     # pod-to-pod endpoints: kept out of the public OpenAPI schema (clients never call them)
+    def taking() -> PrefillSide:
+        s = ready()
+        if not s.accepting():  # decode pods stop choosing it at their next poll; one that did falls back or retries
+            raise unavailable("this engine serves the decode role now (its role was switched): it prefills no "
+                              "prompt for other pods")
+        return s
+
     @app.get("/kv/load", include_in_schema=False)
     async def load() -> PeerLoad:
-        s = ready()
+        s = taking()
         if s.engine.draining:  # shutting down: decode pods stop choosing it at their next poll
             raise unavailable("this prefill pod is draining for shutdown")
         return PeerLoad(num_waiting=s.engine.num_waiting, num_running=s.engine.num_running, agent=s.transport.name,
@@ -72,7 +83,7 @@ def add_kv_routes(app: FastAPI, side, salt_of) -> None:
 
     @app.post("/kv/prefill", include_in_schema=False)
     async def prefill(body: PrefillRequest, request: Request) -> KVOffer:
-        s = ready()
+        s = taking()
         if body.fingerprint != s.fingerprint:
             raise ApiError(409, f"this prefill pod's KV layout is {s.fingerprint}, the caller's {body.fingerprint}: "
                                 "prefill and decode pods must run the same model, dtype, quantization and block size",

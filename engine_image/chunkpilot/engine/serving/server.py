@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chunkpilot.contract.engine_settings import FIRST_TOKEN_MODES, KV_TRANSPORTS, ROLES
+from chunkpilot.contract.engine_settings import FIRST_TOKEN_MODES, KV_TRANSPORTS, LIVE_ROLES, ROLES
 from chunkpilot.contract.knobs import knobs_object
 from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
@@ -76,6 +76,7 @@ class ServerSettings:
     exit_on_load_failure: bool = setting_default("exit_on_load_failure")
     # Prefill/decode disaggregation (docs/disaggregation.md, engine/kv_transfer/)
     role: str = setting_default("role")
+    live_roles: bool = setting_default("live_roles")
     prefill_peers: str | None = setting_default("prefill_peers")
     disagg_threshold: int = setting_default("disagg_threshold")
     kv_transport: str = setting_default("kv_transport")
@@ -98,10 +99,14 @@ class ServerSettings:
             raise ValueError(f"first-token must be one of {', '.join(FIRST_TOKEN_MODES)}, got {self.first_token!r}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv-transport must be one of {', '.join(KV_TRANSPORTS)}, got {self.kv_transport!r}")
+        if self.live_roles and (self.role not in LIVE_ROLES or not self.prefill_peers):
+            raise ValueError("--live-roles needs --role prefill or decode (the role it starts in) and "
+                             "--prefill-peers (where its prompts go while it is a decode engine), got role "
+                             f"{self.role!r} and prefill-peers {self.prefill_peers!r}")
         if self.role == "decode" and not self.prefill_peers:
             raise ValueError("role decode needs --prefill-peers (host:port of the prefill pods, or their headless "
                              "Service's name:port)")
-        if self.role == "prefill" and self.prefill_peers:
+        if self.role == "prefill" and self.prefill_peers and not self.live_roles:
             raise ValueError("role prefill computes prompts for decode pods and sends none on: drop --prefill-peers")
         if self.disagg_threshold < 0:
             raise ValueError(f"disagg-threshold must be >= 0 uncached tokens, got {self.disagg_threshold}")
@@ -145,11 +150,21 @@ class ServerState:
             llm_engine = LLMEngine(s.engine)
             metrics = EngineMetrics(s.model_name, llm_engine.max_model_len)
             metrics.publish_ranks(llm_engine.rank_memory)
+            metrics.publish_role(s.role)
             if s.prefill_peers:
                 self.remote = self._remote_prefill(llm_engine, metrics)
+            if s.live_roles:  # before the engine publishes its knobs: they carry the role from the start
+                llm_engine.knobs.enable_roles(s.role)
             engine = AsyncEngine(llm_engine, metrics, max_waiting=s.max_waiting, retry_after=s.retry_after_seconds,
                                  remote=self.remote)
-            if s.role == "prefill":
+            if s.live_roles:
+                # one transport for both sides: the pool is registered once, read from and read into alike; the
+                # prefill side answers decode pods only while the role is prefill (the leases it granted before a
+                # switch are still settled)
+                holder = llm_engine.knobs
+                self.prefill_side = PrefillSide(engine, self.remote.transport, llm_engine.kv_fingerprint(),
+                                                s.kv_lease_seconds, accepting=lambda: holder.role == "prefill")
+            elif s.role == "prefill":
                 transport = make_transport(s.kv_transport, "prefill", llm_engine.kv_pool, s.engine.block_size)
                 self.prefill_side = PrefillSide(engine, transport, llm_engine.kv_fingerprint(), s.kv_lease_seconds)
             if s.knobs_file:
@@ -180,7 +195,8 @@ class ServerState:
         client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
         peers = PrefillPeers(s.prefill_peers, client, fingerprint=fp, max_waiting=s.prefill_max_waiting,
                              headers=headers, on_refresh=metrics.prefill_peers_ready.set)
-        transport = make_transport(s.kv_transport, "decode", llm_engine.kv_pool, s.engine.block_size)
+        transport = make_transport(s.kv_transport, "pod" if s.live_roles else "decode", llm_engine.kv_pool,
+                                   s.engine.block_size)
         return RemotePrefill(llm_engine, transport, peers, client, threshold=s.disagg_threshold, fingerprint=fp,
                              headers=headers, retries=s.prefill_retries,
                              first_token_with_kv=s.first_token == "with-kv")
@@ -255,9 +271,11 @@ def build_app(settings: ServerSettings) -> FastAPI:
         if state.engine is not None:
             await state.engine.drain(0)
             state.engine.stop()
-        for closing in (state.remote, state.prefill_side and state.prefill_side.transport):
-            if closing is not None:
-                closing.close()
+        if state.remote is not None:
+            state.remote.close()  # and its transport, which a live-roles engine's prefill side shares
+        if state.prefill_side is not None and (state.remote is None or
+                                               state.prefill_side.transport is not state.remote.transport):
+            state.prefill_side.transport.close()
         if state.watcher is not None:
             state.watcher.stop()
 
