@@ -27,6 +27,9 @@ NOT_EXERCISED = {
     ("", "namespaces", "watch"): "kopf watches namespaces only when --namespace is given",
     ("", "events", "list"): "read only while an engine pod waits in ContainerCreating (FailedMount); no kubelet runs "
                            "pods here (tests/operator/test_pod_trouble.py, and the real node)",
+    ("", "pods", "patch"): "the role labels of disaggregation mode auto's ready pods, moved when one switches roles; "
+                           "no kubelet runs pods here (tests/cluster/test_disaggregation.py, as the chart's "
+                           "ServiceAccount on the real node)",
     ("networking.k8s.io", "networkpolicies", "delete"): "pruned only when an operator restarted without "
                                                         "--engine-network-policy finds one of its NetworkPolicies",
 }

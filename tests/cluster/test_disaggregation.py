@@ -320,3 +320,76 @@ def test_a_prefill_pod_deleted_under_load_loses_no_request(split, offline):
     print(f"\nprefill pod deleted, its replacement's process killed, under load: {len(load.done)} streams, all equal "
           f"to the offline engine's; fallbacks {by_reason}, of them around the delete {graceful}; delete -> pod gone "
           f"{gone_s:.0f} s, -> the replacement moving blocks {replaced_s:.0f} s")
+
+
+def auto_pods(split: Split) -> dict[str, object] | None:
+    """Mode auto's two pods, by role, once both are Ready, one of each role, and the role Deployments' pods gone."""
+    pods = split.k.core.list_namespaced_pod(NS, label_selector=f"app.kubernetes.io/instance={NAME}").items
+    if any(p.metadata.owner_references[0].name.startswith((f"{NAME}-prefill-", f"{NAME}-decode-")) for p in pods):
+        return None  # mode on's pods still stopping
+    live = [p for p in pods if p.metadata.deletion_timestamp is None]
+    ready = [p for p in live if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+    roles = {p.metadata.labels.get(ROLE_LABEL): p for p in ready}
+    return roles if len(live) == 2 and set(roles) == {"prefill", "decode"} else None
+
+
+def engine_role(pod_ip: str) -> str | None:
+    """The role the engine says it serves in (chunkpilot:disagg_role)."""
+    return next((dict(ls)["role"] for (n, ls), v in pod_metrics(pod_ip).items() if n == m.DISAGG_ROLE and v == 1),
+                None)
+
+
+def test_mode_auto_switches_roles_in_place_under_load(split, offline):
+    """Switched to mode auto: one Deployment of two --live-roles pods, one of which the operator makes the prefill
+    pod (labels, which the Services follow, and a knobs push). Under load through the Service, the split moves to
+    colocated (prefill.replicas 0: the prefill pod serves clients) and back (the newest decode pod computes prompts
+    again), each a role switch in place: the same two pods, no container restart, every stream the offline
+    engine's answer, and blocks moving again after the switch back."""
+    split.k.patch(NAME, {"spec": {"disaggregation": {"mode": "auto"}}}, NS)
+    pods = poll(lambda: auto_pods(split), 300, "mode auto's two pods Ready, one of each role", split.diagnose)
+    for role, pod in pods.items():
+        assert pod.metadata.labels[LLMD_ROLE_LABEL] == role
+        poll(lambda: engine_role(pod.status.pod_ip) == role, 30, f"the {role} pod's engine in its role",
+             split.diagnose)
+    decode_ip = pods["decode"].status.pod_ip
+    poll(lambda: peers_ready(decode_ip), 60, "the decode pod finding the prefill pod", split.diagnose)
+    start = {p.metadata.uid: p.status.container_statuses[0].restart_count for p in pods.values()}
+    load = Streams(split.service_url(), offline)
+
+    def diagnose() -> str:
+        return f"{load!r}\n{split.diagnose()}"
+
+    def labelled() -> dict[str, str]:
+        return {p.metadata.uid: p.metadata.labels.get(ROLE_LABEL) for p in split.pods("prefill") + split.pods("decode")}
+
+    with load:
+        ok = metric(decode_ip, m.KV_TRANSFERS, outcome="ok")
+        poll(lambda: metric(decode_ip, m.KV_TRANSFERS, outcome="ok") > ok, 120, "blocks moving in mode auto",
+             diagnose)
+        # colocated: the prefill pod switches to decode and serves clients
+        old_prefill = pods["prefill"]
+        served = metric(old_prefill.status.pod_ip, m.REQUEST_SUCCESS)
+        split.k.patch(NAME, {"spec": {"disaggregation": {"prefill": {"replicas": 0}, "decode": {"replicas": 2}}}}, NS)
+        poll(lambda: set(labelled().values()) == {"decode"} and engine_role(old_prefill.status.pod_ip) == "decode",
+             60, "both pods decode pods", diagnose)
+        poll(lambda: metric(old_prefill.status.pod_ip, m.REQUEST_SUCCESS) > served + 2, 120,
+             "the old prefill pod serving clients", diagnose)
+        # and back: one of them computes prompts again, and the other pulls its blocks
+        split.k.patch(NAME, {"spec": {"disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}}}, NS)
+        back = poll(lambda: auto_pods(split), 60, "one prefill pod again", diagnose)
+        poll(lambda: engine_role(back["prefill"].status.pod_ip) == "prefill", 30, "its engine a prefill engine",
+             diagnose)
+        ip = back["decode"].status.pod_ip
+        ok = metric(ip, m.KV_TRANSFERS, outcome="ok")
+        poll(lambda: metric(ip, m.KV_TRANSFERS, outcome="ok") > ok, 120, "blocks moving after the switch back",
+             diagnose)
+        done = len(load.done)
+        poll(lambda: len(load.done) >= done + 4, 120, "4 more streams completing", diagnose)
+    assert not load.wrong, (load.wrong[:5], diagnose())
+    after = {p.metadata.uid: p.status.container_statuses[0].restart_count for p in back.values()}
+    assert after == start, (start, after)  # the same pods, not restarted
+    assert any(r == "RolesSwitched" for _, r, _ in split.k.events(NS, NAME)), split.k.events(NS, NAME)
+    poll(lambda: (split.k.status(NS, NAME).get("disaggregation") or {}).get("prefill", {}).get("readyReplicas") == 1,
+         30, "status counting one prefill pod", diagnose)
+    print(f"\nmode auto: roles switched in place twice under load, {len(load.done)} streams, all equal to the offline "
+          f"engine's")

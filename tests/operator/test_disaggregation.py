@@ -68,6 +68,7 @@ CASES = [
     ("on-defaults", {"disaggregation": {"mode": "on"}}, None),
     ("on", {"disaggregation": ON}, None),
     ("auto", {"disaggregation": {**ON, "mode": "auto"}}, None),
+    ("auto-colocated-start", {"disaggregation": {"mode": "auto", "prefill": {"replicas": 0}}}, None),
     ("on-role-knobs", {"disaggregation": {**ON, "prefill": {"replicas": 1, "knobs": {"tokenBudget": 2048,
                                                                                      "maxChunk": 1024}}}}, None),
     ("on-ngram", {"disaggregation": ON, "engine": {"speculative": {"method": "ngram"}}}, None),
@@ -221,9 +222,61 @@ def test_the_network_policy_lets_the_engine_pods_of_one_resource_reach_each_othe
     assert on["spec"]["podSelector"] == off["spec"]["podSelector"]  # both roles' pods
 
 
-def test_auto_renders_as_on_for_now():
-    on, auto = disaggregated(ON), disaggregated({**ON, "mode": "auto"})
-    assert b.desired_objects(auto) == b.desired_objects(on)
+# ---- mode auto: one Deployment whose pods switch roles while they serve ----------------------------------------------
+def test_auto_renders_one_deployment_of_live_roles_pods_and_the_services_select_by_role():
+    import kubernetes_validate
+
+    objs = b.desired_objects(disaggregated({**ON, "mode": "auto"}), off_mode.SETTINGS["everything"])
+    got = by_kind_name(objs)
+    assert set(got) == {("ConfigMap", "smollm2-knobs"), ("Deployment", "smollm2"), ("Service", "smollm2"),
+                        ("Service", "smollm2-prefill"), ("PodDisruptionBudget", "smollm2"), ("NetworkPolicy", "smollm2")}
+    dep = got[("Deployment", "smollm2")]
+    assert dep["spec"]["replicas"] == 5  # both roles' pods
+    # the selector leaves the role out (a pod whose role label moves stays its ReplicaSet's); a new pod starts as
+    # a decode pod
+    assert dep["spec"]["selector"]["matchLabels"] == b.selector_labels("smollm2")
+    assert dep["spec"]["template"]["metadata"]["labels"] == {**b.labels("smollm2"), "chunkpilot.io/role": "decode",
+                                                             "llm-d.ai/role": "decode"}
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # the role a (re)started engine begins in is its pod's label, read when the container starts
+    assert env["CHUNKPILOT_ROLE"] == {"name": "CHUNKPILOT_ROLE", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.labels['chunkpilot.io/role']"}}}
+    assert {n: env[n]["value"] for n in ("CHUNKPILOT_LIVE_ROLES", "CHUNKPILOT_PREFILL_PEERS",
+                                         "CHUNKPILOT_DISAGG_THRESHOLD", "CHUNKPILOT_KV_LEASE_SECONDS", "UCX_TLS",
+                                         "CHUNKPILOT_KNOBS_FILE")} == {
+        "CHUNKPILOT_LIVE_ROLES": "true", "CHUNKPILOT_PREFILL_PEERS": "smollm2-prefill.ml.svc:8000",
+        "CHUNKPILOT_DISAGG_THRESHOLD": str(es.DISAGG_THRESHOLD), "CHUNKPILOT_KV_LEASE_SECONDS": str(es.KV_LEASE_SECONDS),
+        "UCX_TLS": "tcp,self", "CHUNKPILOT_KNOBS_FILE": "/etc/chunkpilot/knobs.json"}
+    assert got[("Service", "smollm2")]["spec"]["selector"] == {**b.selector_labels("smollm2"),
+                                                               "chunkpilot.io/role": "decode"}
+    assert got[("Service", "smollm2-prefill")]["spec"]["selector"] == {**b.selector_labels("smollm2"),
+                                                                       "chunkpilot.io/role": "prefill"}
+    assert got[("PodDisruptionBudget", "smollm2")]["spec"]["selector"]["matchLabels"] == b.selector_labels("smollm2")
+    assert set(b.knobs_configmap(disaggregated({**ON, "mode": "auto"}))["data"]) == {"knobs.json"}
+    for o in objs:
+        kubernetes_validate.validate(o, K8S_VERSIONS[-1], strict=True)
+
+
+def test_auto_a_new_split_at_the_same_pod_count_restarts_and_rescales_nothing():
+    auto = disaggregated({**ON, "mode": "auto"})
+    moved = disaggregated({**ON, "mode": "auto", "prefill": {"replicas": 4}, "decode": {"replicas": 1}})
+    assert b.deployment(moved) == b.deployment(auto)
+
+
+def test_the_split_keeps_roles_where_it_can_moves_the_newest_pods_and_never_leaves_no_decode_pod():
+    from chunkpilot.operator.role_split import split_roles
+
+    old, new = "2026-12-07T00:00:00Z", "2026-12-07T01:00:00Z"
+    pods = [("a", "decode", old), ("b", "decode", new), ("c", "prefill", old), ("d", None, old)]
+    assert split_roles(pods, 1) == {"a": "decode", "b": "decode", "c": "prefill", "d": "decode"}
+    # one more prefill pod: the newest decode pod
+    assert split_roles(pods, 2) == {"a": "decode", "b": "prefill", "c": "prefill", "d": "decode"}
+    assert split_roles(pods, 0) == {"a": "decode", "b": "decode", "c": "decode", "d": "decode"}
+    assert split_roles(pods, 9) == {"a": "decode", "b": "prefill", "c": "prefill", "d": "prefill"}
+    # of pods as old as each other, the last by name
+    assert split_roles([("a", "prefill", old), ("b", "prefill", old)], 1) == {"a": "prefill", "b": "decode"}
+    assert split_roles([], 2) == {}
+    assert split_roles(reversed(pods), 2) == split_roles(pods, 2)  # the same pods, the same answer
 
 
 def test_one_pod_of_a_role_has_no_pdb_and_the_settings_reach_the_pods():
@@ -241,8 +294,7 @@ def test_a_setting_of_the_roles_rolls_their_pods_and_their_split_or_knobs_do_not
     hashes = {r: b.deployment(obj, role=r)["spec"]["template"]["metadata"]["annotations"][b.CONFIG_HASH]
               for r in ("prefill", "decode")}
     assert hashes["prefill"] != hashes["decode"] != b.config_hash(obj, b.OperatorSettings())
-    split = disaggregated({**ON, "mode": "auto", "prefill": {"replicas": 5, "knobs": {"tokenBudget": 4096,
-                                                                                      "maxChunk": 2048}}})
+    split = disaggregated({**ON, "prefill": {"replicas": 5, "knobs": {"tokenBudget": 4096, "maxChunk": 2048}}})
     assert all(b.deployment(split, role=r)["spec"]["template"] == b.deployment(obj, role=r)["spec"]["template"]
                for r in ("prefill", "decode"))
     threshold = disaggregated({**ON, "threshold": 64})
@@ -357,13 +409,12 @@ def test_the_tuners_threshold_goes_to_the_decode_pods_alone():
     # a prefill pod routes nothing and is not what the tuner measured: its role's own knobs (here spec.scheduler's)
     assert t.desired_knobs(obj, "prefill") == (SchedulerKnobs(128, 64, 2 + 9), "spec")
     assert t.desired_knobs(obj) == (SchedulerKnobs(256, 32, 9, 512), "tuner")  # the tuner's own view: whole
-    # the durable copy: the decode pods' file carries it, the prefill pods' does not
+    # the durable copy, which every pod of mode auto's one Deployment starts from, carries it
     data = b.knobs_configmap(obj)["data"]
-    assert json.loads(data["knobs-decode.json"])["disagg_threshold"] == 512
-    assert "disagg_threshold" not in json.loads(data["knobs-prefill.json"])
+    assert json.loads(data["knobs.json"])["disagg_threshold"] == 512
     # never: the number the engine takes, shown as never where people read it
     obj.status.scheduler = t.SchedulerStatus.of(t.Knobs(256, 32, DISAGG_NEVER), source="tuner", generation=10)
-    assert parse_knobs(b.knobs_configmap(obj)["data"]["knobs-decode.json"]).disagg_threshold == DISAGG_NEVER
+    assert parse_knobs(b.knobs_configmap(obj)["data"]["knobs.json"]).disagg_threshold == DISAGG_NEVER
     # out of auto, a threshold left in status.scheduler is not delivered: the spec's threshold holds again
     on = disaggregated(ON)
     on.status.scheduler = obj.status.scheduler

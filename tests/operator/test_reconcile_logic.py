@@ -17,6 +17,7 @@ from chunkpilot.kube.conditions import merge_conditions
 from chunkpilot.operator import builders
 from chunkpilot.operator.apply import APPLIED_HASH, is_subset, plan, with_hash
 from chunkpilot.operator.conditions import OPERATOR_STATUS_FIELDS, Problem, deployment_conditions, status_patch
+from chunkpilot.operator.knobs_delivery import PushError
 from chunkpilot.operator.reconciler import spec_error_message
 
 from .test_crd_and_builders import SMOL, load
@@ -191,6 +192,11 @@ class MemoryKube:
     def list_events(self, namespace, field_selector):
         return []
 
+    def patch_pod_labels(self, namespace, name, labels):
+        pod = next(p for p in self.pods if p["metadata"]["name"] == name)
+        pod["metadata"]["labels"] = {**pod["metadata"]["labels"], **labels}  # a copy: the template's is shared
+        return pod
+
     def list_autoscalers(self, namespace):
         return []
 
@@ -246,6 +252,9 @@ def _children(kube: MemoryKube) -> set[str]:
     return {f"{kind} {name}" for kind, _, name in kube.objects}
 
 
+AUTO_CHILDREN = {"ConfigMap smollm2-knobs", "Secret smollm2-knobs-token", "Deployment smollm2", "Service smollm2",
+                 "Service smollm2-prefill", "PodDisruptionBudget smollm2", "NetworkPolicy smollm2",
+                 "ServiceMonitor smollm2"}
 ON_SPLIT = {"mode": "on", "prefill": {"replicas": 2, "knobs": {"tokenBudget": 1024, "maxChunk": 512}},
             "decode": {"replicas": 2}}
 
@@ -302,20 +311,21 @@ def test_switching_disaggregation_on_and_off_leaves_exactly_the_objects_of_the_m
     r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
     assert pushed == []  # acknowledged: nothing pushed again
 
-    # auto: as on, nothing changes
+    # auto: one Deployment of both roles' pods in place of the role Deployments (the split: role_split.py)
     kube.deleted.clear()
     _switch(kube, {**ON_SPLIT, "mode": "auto"})
-    out = r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
-    assert _children(kube) == disaggregated and kube.deleted == []
-    assert [c for c in out.changes if "Deployment" in c] == []
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert _children(kube) == AUTO_CHILDREN
+    assert sorted(kube.deleted) == ["Deployment smollm2-decode", "Deployment smollm2-prefill",
+                                    "PodDisruptionBudget smollm2-decode", "PodDisruptionBudget smollm2-prefill"]
+    assert kube.objects[("Deployment", "ml", "smollm2")]["spec"]["replicas"] == 4
 
     # off again: today's objects, and nothing of the roles is left
+    kube.deleted.clear()
     _switch(kube, {"mode": "off", "prefill": {"replicas": 2}})
     r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
     assert _children(kube) == today
-    assert sorted(kube.deleted) == ["Deployment smollm2-decode", "Deployment smollm2-prefill",
-                                    "PodDisruptionBudget smollm2-decode", "PodDisruptionBudget smollm2-prefill",
-                                    "Service smollm2-prefill"]
+    assert sorted(kube.deleted) == ["Service smollm2-prefill"]
     assert "disaggregation" not in kube.resource["status"]
     assert kube.objects[("Service", "ml", "smollm2")]["spec"]["selector"] == builders.selector_labels("smollm2")
     # what is applied is exactly what the resource without disaggregation renders (with the hash a pass adds)
@@ -369,50 +379,94 @@ def test_a_refused_disaggregation_is_an_invalid_spec_with_an_event_and_changes_n
     assert ("Warning", "InvalidSpec", out.problem.message) in events
 
 
-def test_the_tuners_threshold_is_pushed_to_the_decode_pods_alone():
-    """Disaggregation auto with tuning auto: the threshold the tuner wrote into status.scheduler goes to the
-    decode pods (push and ConfigMap), never to the prefill pods, and every pod's answer is recorded with it."""
+def test_auto_splits_its_pods_by_switching_roles_and_the_tuners_knobs_go_to_the_decode_pods_alone():
+    """Disaggregation auto: the pods of one Deployment are pushed the role the split gives them with their role's
+    knobs, and the pods that acknowledged a new role get its labels (the Services follow); the tuner's knobs and
+    threshold go to the decode pods, never to the prefill pods; the tuner's split (status.scheduler.prefillPods)
+    moves pods between the roles, no restart, each move an Event."""
     from chunkpilot.operator.knobs_delivery import one_by_one
     from chunkpilot.operator.reconciler import Reconciler
 
     kube = MemoryKube(_resource({**ON_SPLIT, "mode": "auto"}))
     pushed: list[tuple[str, SchedulerKnobs]] = []
     events: list[str] = []
+    refuse: set[str] = set()
+
+    def push(pod, knobs):
+        if pod.name in refuse:
+            raise PushError("connection refused")
+        pushed.append((pod.name, knobs))
+        return knobs
 
     class Pusher:
         def for_token(self, token):
-            return one_by_one(lambda pod, knobs: pushed.append((pod.name, knobs)) or knobs)
+            return one_by_one(push)
     r = Reconciler(kube, builders.OperatorSettings(admin_token_key="k"),
                    lambda raw, type_, reason, message: events.append(f"{reason}: {message}"), pusher=Pusher())
     r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
-    kube.run_pods()
+    assert _children(kube) == AUTO_CHILDREN
+    kube.run_pods()  # four pods, each labelled decode as the template starts them
     kube.resource["status"]["scheduler"] = {"tokenBudget": 256, "maxChunk": 128, "source": "tuner",
                                             "generation": 7, "disaggThreshold": 512}
     pushed.clear()
     r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
-    assert sorted(pushed) == [("smollm2-decode-0", SchedulerKnobs(256, 128, 7, 512)),
-                              ("smollm2-decode-1", SchedulerKnobs(256, 128, 7, 512)),
-                              # the prefill pods: their role's own knobs, not the tuner's (it measured the decode
-                              # pods), under the spec's generation, counted past the tuner's
-                              ("smollm2-prefill-0", SchedulerKnobs(1024, 512, 1 + 7)),
-                              ("smollm2-prefill-1", SchedulerKnobs(1024, 512, 1 + 7))]
+    decode, prefill = SchedulerKnobs(256, 128, 7, 512, role="decode"), SchedulerKnobs(1024, 512, 1 + 7, role="prefill")
+    # the prefill pods: their role's own knobs, not the tuner's (it measured the decode pods), under the spec's
+    # generation, counted past the tuner's
+    assert sorted(pushed) == [("smollm2-0", decode), ("smollm2-1", decode), ("smollm2-2", prefill),
+                              ("smollm2-3", prefill)]
+    assert _roles(kube) == {"smollm2-0": "decode", "smollm2-1": "decode", "smollm2-2": "prefill",
+                            "smollm2-3": "prefill"}
+    assert [e for e in events if e.startswith("RolesSwitched")] == [
+        "RolesSwitched: smollm2-2 decode -> prefill, smollm2-3 decode -> prefill (no restart); the split is "
+        "2 prefill : 2 decode pods"]
     status = t.InferenceDeploymentStatus.model_validate(kube.resource["status"])
     assert status.knobs.disagg_threshold == 512 and status.knobs.applied_replicas == 2
-    assert {(p.pod, p.disagg_threshold) for p in status.knobs.pods} == {
-        ("smollm2-decode-0", 512), ("smollm2-decode-1", 512), ("smollm2-prefill-0", None),
-        ("smollm2-prefill-1", None)}
-    assert status.disaggregation.decode.knobs.disagg_threshold == 512
-    assert status.disaggregation.prefill.knobs.disagg_threshold is None
+    assert {(p.pod, p.role, p.disagg_threshold) for p in status.knobs.pods} == {
+        ("smollm2-0", "decode", 512), ("smollm2-1", "decode", 512), ("smollm2-2", "prefill", None),
+        ("smollm2-3", "prefill", None)}
+    d = status.disaggregation
+    assert (d.prefill.replicas, d.prefill.ready_replicas, d.decode.replicas, d.decode.applied_replicas) == (2, 2, 2, 2)
+    assert d.decode.knobs.disagg_threshold == 512 and d.prefill.knobs.disagg_threshold is None
     # the tuner's wait: every pod at its role's knobs
     assert status.knobs.applied_everywhere(SchedulerKnobs(256, 128, 7, 512), status.ready_replicas)
-    data = kube.objects[("ConfigMap", "ml", "smollm2-knobs")]["data"]
-    assert '"disagg_threshold": 512' in data["knobs-decode.json"] and "disagg" not in data["knobs-prefill.json"]
-    assert any("decode: token budget 256, max chunk 128, disaggregation threshold 512" in e for e in events), events
+    assert '"disagg_threshold": 512' in kube.objects[("ConfigMap", "ml", "smollm2-knobs")]["data"]["knobs.json"]
+    assert any("KnobsChanged: token budget 256, max chunk 128, disaggregation threshold 512" in e for e in events), events
+    pushed.clear()
+    events.clear()
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert pushed == [] and events == []  # acknowledged, roles and all: nothing pushed or moved again
+
+    # the tuner's split: one prefill pod. The last prefill pod by name serves clients again; a pod whose push fails
+    # keeps its role and label until a pass reaches it
+    kube.resource["status"]["scheduler"] |= {"generation": 8, "prefillPods": 1}
+    refuse.add("smollm2-3")
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert _roles(kube)["smollm2-3"] == "prefill"
+    refuse.clear()
     pushed.clear()
     r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
-    assert pushed == []  # acknowledged, threshold and all: nothing pushed again
-    # never: pushed as the engine's integer, shown as never
-    kube.resource["status"]["scheduler"] |= {"generation": 8, "disaggThreshold": DISAGG_NEVER}
+    assert ("smollm2-3", SchedulerKnobs(256, 128, 8, 512, role="decode")) in pushed
+    assert _roles(kube) == {"smollm2-0": "decode", "smollm2-1": "decode", "smollm2-2": "prefill",
+                            "smollm2-3": "decode"}
+    d = t.InferenceDeploymentStatus.model_validate(kube.resource["status"]).disaggregation
+    assert (d.prefill.replicas, d.decode.replicas) == (1, 3)
+    # 0: colocated, every pod serves clients; the client Service's selector names decode pods, so all of them
+    kube.resource["status"]["scheduler"] |= {"generation": 9, "prefillPods": 0}
     r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
-    assert {k.disagg_threshold for name, k in pushed if "decode" in name} == {DISAGG_NEVER}
+    assert set(_roles(kube).values()) == {"decode"}
+    # never: pushed as the engine's integer, shown as never
+    kube.resource["status"]["scheduler"] |= {"generation": 10, "disaggThreshold": DISAGG_NEVER}
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert {k.disagg_threshold for name, k in pushed if k.role == "decode"} >= {DISAGG_NEVER}
     assert any("disaggregation threshold never" in e for e in events), events
+
+
+def _roles(kube: MemoryKube) -> dict[str, str]:
+    """Each pod's role, as both its labels say (they must agree)."""
+    out = {}
+    for p in kube.pods:
+        labels = p["metadata"]["labels"]
+        assert labels.get("chunkpilot.io/role") == labels.get("llm-d.ai/role"), labels
+        out[p["metadata"]["name"]] = labels.get("chunkpilot.io/role")
+    return out

@@ -288,19 +288,28 @@ class MonitoringSpec(_Model):
 # Prefill/decode disaggregation (spec.disaggregation): the roles a disaggregated deployment runs pods of, in the
 # engine's own names (engine_settings.ROLES without "both", which is every pod of a deployment without it).
 DISAGGREGATED_ROLES: tuple[str, ...] = tuple(r for r in defaults.ROLES if r != "both")
-DISAGG_REPLICAS_RULE_MESSAGE = ("disaggregation.mode on or auto needs at least one pod of each role (prefill pods "
-                                "compute the long prompts, decode pods serve the clients): set "
-                                "disaggregation.prefill.replicas and disaggregation.decode.replicas to 1 or more, "
-                                "or disaggregation.mode to off")
+# Each role's pods carry their role twice, in our label and in llm-d's, whose inference scheduler's prefill/decode
+# filters select pods by `llm-d.ai/role`; the Services select by ours. In mode auto the operator moves both as a pod
+# switches roles.
+ROLE_LABEL = f"{GROUP}/role"
+LLMD_ROLE_LABEL = "llm-d.ai/role"
+DISAGG_REPLICAS_RULE_MESSAGE = ("disaggregation.mode on needs at least one pod of each role (prefill pods compute "
+                                "the long prompts, decode pods serve the clients), and mode auto at least one "
+                                "decode pod (it may start with no prefill pod: colocated): set "
+                                "disaggregation.decode.replicas (and, with mode on, disaggregation.prefill.replicas) "
+                                "to 1 or more, or disaggregation.mode to off")
 DISAGG_REPLICAS_RULE = ("!has(self.mode) || self.mode == 'off' || "
-                        "((has(self.prefill) && has(self.prefill.replicas) ? self.prefill.replicas : 1) >= 1 && "
+                        "((self.mode == 'auto' || "
+                        "(has(self.prefill) && has(self.prefill.replicas) ? self.prefill.replicas : 1) >= 1) && "
                         "(has(self.decode) && has(self.decode.replicas) ? self.decode.replicas : 1) >= 1)")
 
 
 class RoleSpec(_Model):
     """The pods of one role of a disaggregated deployment."""
 
-    replicas: int = Field(1, ge=0, le=1000, description="Pods of this role (at least 1 with mode on or auto).")
+    replicas: int = Field(1, ge=0, le=1000, description="Pods of this role (at least 1 with mode on, and decode "
+                                                          "pods with mode auto; in mode auto the split the pods "
+                                                          "start in, which the tuner may move).")
     knobs: SchedulerSpec | None = Field(
         None, description="This role's initial scheduler knobs, in place of spec.scheduler for its pods (a prefill "
                           "pod runs long prompts alone and can take a larger budget and chunk than a decode pod). As "
@@ -319,9 +328,12 @@ class DisaggregationSpec(_Model):
     mode: Literal["off", "on", "auto"] = Field(
         "off", description="off: every pod prefills and decodes (spec.replicas pods; absent is off); on: "
                            "prefill.replicas prefill pods behind a headless Service and decode.replicas decode pods "
-                           "behind the client Service; auto: as on, and with tuning.mode auto the tuner searches "
-                           "the decode pods' threshold beside the knobs (never, that is colocated, included and "
-                           "measured first; status.scheduler.disaggThreshold), the split staying as given. "
+                           "behind the client Service, a Deployment per role; auto: one Deployment of "
+                           "prefill.replicas + decode.replicas pods whose roles switch while they serve (no "
+                           "restart): the operator keeps prefill.replicas of them prefill pods, or with tuning.mode "
+                           "auto the tuner's split (status.scheduler.prefillPods, 0 for colocated); the tuner "
+                           "searches the decode pods' threshold beside the knobs and the split (colocated measured "
+                           "first; status.scheduler.disaggThreshold). "
                            "Quote it in YAML (\"on\", \"off\"): YAML 1.1, which kubectl reads, "
                            "takes a bare on or off for a boolean, and the API server then refuses it as one.")
     threshold: int = Field(defaults.DISAGG_THRESHOLD, ge=0, le=1_048_576,
@@ -341,14 +353,24 @@ class DisaggregationSpec(_Model):
 
     @model_validator(mode="after")
     def _both_roles_run(self) -> "DisaggregationSpec":
-        if self.enabled and (self.prefill.replicas < 1 or self.decode.replicas < 1):
+        if self.enabled and (self.prefill.replicas < (0 if self.live else 1) or self.decode.replicas < 1):
             raise ValueError(DISAGG_REPLICAS_RULE_MESSAGE)
         return self
 
     @property
     def enabled(self) -> bool:
-        """on and auto alike: auto renders as on (the tuner chooses the decode pods' threshold, not yet the split)."""
+        """on and auto alike: prefill and decode pods."""
         return self.mode != "off"
+
+    @property
+    def live(self) -> bool:
+        """auto: one Deployment whose pods switch roles while they serve (--live-roles), split by the operator."""
+        return self.mode == "auto"
+
+    @property
+    def pods(self) -> int:
+        """Every engine pod of both roles."""
+        return self.prefill.replicas + self.decode.replicas
 
     def role(self, name: str) -> RoleSpec:
         if name not in DISAGGREGATED_ROLES:
@@ -504,6 +526,11 @@ class SchedulerStatus(_Model):
         None, alias="disaggThreshold", ge=0, le=DISAGG_NEVER,
         description="Disaggregation mode auto with tuning mode auto: the threshold the tuner chose for the decode "
                     "pods (absent: disaggregation.threshold, the pods' start-up setting, holds). " + _THRESHOLD_WORDS)
+    prefill_pods: int | None = Field(
+        None, alias="prefillPods", ge=0,
+        description="Disaggregation mode auto with tuning mode auto: how many of the pods the tuner chose to serve as "
+                    "prefill pods, the rest decode (0: colocated); the operator switches roles to match, at most all "
+                    "pods but one. Absent: disaggregation.prefill.replicas.")
 
     @classmethod
     def of(cls, knobs: Knobs, *, source: str, generation: int) -> "SchedulerStatus":
@@ -653,6 +680,19 @@ class InferenceDeployment(_Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: InferenceDeploymentSpec
     status: InferenceDeploymentStatus = Field(default_factory=InferenceDeploymentStatus)
+
+
+def prefill_pods(obj: InferenceDeployment) -> int:
+    """Disaggregation mode auto: how many pods should serve as prefill pods now, one owner per mode as for the knobs:
+    the tuner's choice (status.scheduler.prefillPods) once it chose one in tuning mode auto, else the spec's
+    prefill.replicas. The operator switches roles to match (operator/role_split.py)."""
+    d = obj.spec.disaggregation
+    if d is None or not d.live:
+        raise ValueError("only disaggregation mode auto splits its pods while they serve")
+    st = obj.status.scheduler
+    if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner" and st.prefill_pods is not None:
+        return st.prefill_pods
+    return d.prefill.replicas
 
 
 def desired_knobs(obj: InferenceDeployment,

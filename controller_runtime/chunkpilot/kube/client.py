@@ -163,6 +163,12 @@ class Kube:
         return self._json(self._api("CoreV1Api").list_namespaced_pod(
             namespace, label_selector=label_selector, **self._raw)).get("items", [])
 
+    def patch_pod_labels(self, namespace: str, name: str, labels: dict[str, str]) -> dict:
+        """Merge-patch a pod's labels (disaggregation mode auto: a pod's role labels, which the Services select by,
+        moved when it switches roles; its ReplicaSet's selector leaves them out)."""
+        return self._json(self._api("CoreV1Api").patch_namespaced_pod(
+            name, namespace, {"metadata": {"labels": labels}}, _content_type=MERGE, **self._raw))
+
     def list_events(self, namespace: str, field_selector: str) -> list[dict]:
         """core/v1 Events of `namespace` matching `field_selector` (e.g. "reason=FailedMount")."""
         return self._json(self._api("CoreV1Api").list_namespaced_event(

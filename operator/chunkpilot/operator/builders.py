@@ -9,8 +9,8 @@ import hmac
 import json
 from dataclasses import dataclass
 
-from chunkpilot.api.types import (DISAGGREGATED_ROLES, GROUP, KIND, VERSION, InferenceDeployment, desired_knobs,
-                                  knob_refusal)
+from chunkpilot.api.types import (DISAGGREGATED_ROLES, GROUP, KIND, LLMD_ROLE_LABEL, ROLE_LABEL, VERSION,
+                                  InferenceDeployment, desired_knobs, knob_refusal)
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import dumps_knobs
 from chunkpilot.operator import policy, rules
@@ -43,10 +43,6 @@ SHM_SIZE_LIMIT = "2Gi"
 # The named port of the client Service (and the prefill pods' headless one) that a ServiceMonitor scrapes: the
 # engine's own listener serves /metrics.
 METRICS_PORT = 9090
-# Disaggregation (spec.disaggregation): each role's pods carry their role twice, in our label and in llm-d's, whose
-# inference scheduler's prefill/decode filters select pods by `llm-d.ai/role`.
-ROLE_LABEL = f"{GROUP}/role"
-LLMD_ROLE_LABEL = "llm-d.ai/role"
 # UCX's transports for the KV handover between the pods: TCP, and `self` within a process. Pods on one node do not
 # share /dev/shm (each has an IPC namespace of its own), and UCX would otherwise choose shared memory for a peer on
 # the same node and fail to map the other pod's segment.
@@ -120,9 +116,23 @@ def prefill_peers(obj: InferenceDeployment) -> str:
     return f"{role_name(obj.metadata['name'], 'prefill')}.{ns}.svc:{ENGINE_PORT}"
 
 
+def live(obj: InferenceDeployment) -> bool:
+    """Disaggregation mode auto: one Deployment whose pods switch roles while they serve (role_split.py)."""
+    return obj.spec.disaggregation is not None and obj.spec.disaggregation.live
+
+
 def roles(obj: InferenceDeployment) -> tuple[str | None, ...]:
-    """The roles to render pods for: (None,) for today's single Deployment, the disaggregated roles otherwise."""
-    return DISAGGREGATED_ROLES if obj.spec.disaggregated else (None,)
+    """The roles to render Deployments for: (None,) for a single Deployment (no disaggregation, or mode auto's pods
+    of either role), the disaggregated roles for mode on's Deployment per role."""
+    return DISAGGREGATED_ROLES if obj.spec.disaggregated and not live(obj) else (None,)
+
+
+def pod_count(obj: InferenceDeployment, role: str | None = None) -> int:
+    """The pods a Deployment of the resource should have: spec.replicas, mode auto's pods of both roles, or one
+    role's in mode on."""
+    if role is not None:
+        return obj.spec.disaggregation.role(role).replicas
+    return obj.spec.disaggregation.pods if live(obj) else obj.spec.replicas
 
 
 def owner_reference(obj: InferenceDeployment) -> dict:
@@ -301,10 +311,17 @@ def engine_env(obj: InferenceDeployment, model_path: str,
         values["speculative_config"] = spec.engine.speculative.engine_config(draft_model_source(obj)[0])
     if role is not None:
         values.update(_role_settings(obj, role))
+    elif live(obj):
+        values.update(_live_settings(obj))
     # the env names come from the settings' one declaration (a KeyError here is a setting that does not exist)
     env = {defaults.BY_NAME[name].env: value for name, value in values.items()}
     out = [{"name": k, "value": v} for k, v in env.items()]
-    if role is not None:
+    if live(obj):
+        # the role a (re)started engine begins in is its pod's role label, which the operator moves (role_split.py):
+        # a container that restarts comes back in the role its pod serves in, read at its start
+        out.append({"name": defaults.BY_NAME["role"].env,
+                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{ROLE_LABEL}']"}}})
+    if role is not None or live(obj):
         out.append({"name": "UCX_TLS", "value": UCX_TLS})  # UCX's own variable, no engine setting (see UCX_TLS)
     if settings.engine_api_key_secret:
         secret, _, key = settings.engine_api_key_secret.partition(":")
@@ -327,6 +344,13 @@ def _role_settings(obj: InferenceDeployment, role: str) -> dict[str, str]:
     else:  # the engine refuses peers on a prefill pod, and a decode pod without them
         out.update(prefill_peers=prefill_peers(obj), disagg_threshold=str(d.threshold))
     return out
+
+
+def _live_settings(obj: InferenceDeployment) -> dict[str, str]:
+    """Mode auto's pods: both roles' settings, and --live-roles (the role itself comes from the pod's label)."""
+    d = obj.spec.disaggregation
+    return {"live_roles": "true", "kv_transport": d.transport, "kv_lease_seconds": str(d.lease_seconds),
+            "prefill_peers": prefill_peers(obj), "disagg_threshold": str(d.threshold)}
 
 
 def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings(),
@@ -399,10 +423,14 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
     meta, pod_labels = _meta(obj, role_name(name, role)), labels(name)
     if role is not None:
         meta["labels"] = pod_labels = {**pod_labels, **role_labels(role)}
+    elif live(obj):
+        # a new pod serves clients first; the operator then moves it to prefill if the split wants one more. The
+        # selector leaves the role out, so a pod whose label moves stays its ReplicaSet's.
+        pod_labels = {**pod_labels, **role_labels("decode")}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
         "spec": {
-            "replicas": spec.replicas if role is None else spec.disaggregation.role(role).replicas,
+            "replicas": pod_count(obj, role),
             "selector": {"matchLabels": selector_labels(name) if role is None else role_selector(name, role)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {"metadata": {"labels": pod_labels, "annotations": template_annotations}, "spec": pod_spec},
@@ -419,6 +447,8 @@ def config_hash(obj: InferenceDeployment, settings: OperatorSettings, role: str 
     if role is not None:
         relevant["role"] = role
         relevant["disaggregation"] = _role_settings(obj, role)
+    elif live(obj):
+        relevant["disaggregation"] = _live_settings(obj)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -452,7 +482,7 @@ def pod_disruption_budget(obj: InferenceDeployment, role: str | None = None) -> 
     """One pod at a time may be evicted, where there is more than one (one pod alone must stay evictable, or no
     node would drain); disaggregated, per role: evicting the last pod of either role stops the whole service."""
     name = obj.metadata["name"]
-    replicas = obj.spec.replicas if role is None else obj.spec.disaggregation.role(role).replicas
+    replicas = pod_count(obj, role)
     if replicas <= 1:
         return None
     selector = selector_labels(name) if role is None else role_selector(name, role)

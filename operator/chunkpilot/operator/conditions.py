@@ -126,14 +126,15 @@ def role_conditions(roles: list[RolePods], generation: int | None, problem: Prob
 
 def status_patch(current_status: dict, *, deploy: dict | None, desired_replicas: int, generation: int | None,
                  selector: str, knobs: KnobsStatus | None, problem: Problem | None, now: str,
-                 roles: list[RolePods] | None = None) -> dict | None:
+                 roles: list[RolePods] | None = None, split: DisaggregationStatus | None = None) -> dict | None:
     """The merge patch for `status` (the operator's fields only), or None when nothing changed (so reconciles that
-    change nothing write nothing: level-triggered without a write loop). With `roles` (disaggregated), conditions
-    and counts come from each role's Deployment and `deploy` is not read; without, status.disaggregation goes."""
+    change nothing write nothing: level-triggered without a write loop). With `roles` (disaggregation mode on),
+    conditions and counts come from each role's Deployment and `deploy` is not read; with `split` (mode auto: one
+    Deployment, its pods' roles), status.disaggregation is that; without either, status.disaggregation goes."""
     if roles is None:
         ds = (deploy or {}).get("status") or {}
         conditions = deployment_conditions(deploy, desired_replicas, generation, problem)
-        replicas, ready, disaggregation = int(ds.get("replicas") or 0), int(ds.get("readyReplicas") or 0), None
+        replicas, ready, disaggregation = int(ds.get("replicas") or 0), int(ds.get("readyReplicas") or 0), split
     else:
         conditions = role_conditions(roles, generation, problem)
         by_role = {r.role: r.status() for r in roles}

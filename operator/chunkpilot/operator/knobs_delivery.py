@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from chunkpilot.api.types import KnobsStatus, PodKnobs
+from chunkpilot.api.types import ROLE_LABEL, KnobsStatus, PodKnobs
 from chunkpilot.contract.knobs import ADMIN_PATH, SchedulerKnobs, dumps_knobs, parse_knobs
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class ReadyPod:
     name: str
     ip: str
     started: str | None = None  # when its engine container (last) started: a restart makes an old ack void
+    role: str | None = None  # its role label (disaggregation), which the Services select it by
 
 
 def owned_pods(pods: list[dict], replica_sets: list[dict], deployment_uid: str | None) -> list[dict]:
@@ -69,7 +70,8 @@ def ready_pods(pods: list[dict]) -> list[ReadyPod]:
         if ready and st.get("podIP") and not meta.get("deletionTimestamp"):
             started = [((c.get("state") or {}).get("running") or {}).get("startedAt")
                        for c in st.get("containerStatuses") or [] if c.get("name") == "engine"]
-            out.append(ReadyPod(meta["name"], st["podIP"], started[0] if started else None))
+            out.append(ReadyPod(meta["name"], st["podIP"], started[0] if started else None,
+                                (meta.get("labels") or {}).get(ROLE_LABEL)))
     return sorted(out, key=lambda p: p.name)
 
 
@@ -100,7 +102,7 @@ def deliver(previous: KnobsStatus | None, desired: SchedulerKnobs, source: str, 
     status.knobs and, for each pod the push failed on, why. A pod's earlier acknowledgement is kept only while it
     still matches (the same pod's container may have restarted since, and then runs what the kubelet last wrote
     into its ConfigMap volume, which can be older: it is pushed again)."""
-    acked = {(p.pod, p.started): p for p in (previous.pods if previous else []) if p.scheduler_knobs == desired}
+    acked = {(p.pod, p.started): p for p in (previous.pods if previous else []) if runs(p, desired)}
     todo = [pod for pod in pods if (pod.name, pod.started) not in acked]
     answers = push(todo, desired) if todo else {}
     entries, failures = [], []
@@ -113,14 +115,19 @@ def deliver(previous: KnobsStatus | None, desired: SchedulerKnobs, source: str, 
             failures.append(f"{pod.name}: {got}")
             continue
         # the threshold as the pod answered it: a decode pod that dropped the tuner's threshold has not applied them
-        entries.append(PodKnobs(pod=pod.name, started=pod.started, token_budget=got.token_budget,
+        entries.append(PodKnobs(pod=pod.name, role=got.role, started=pod.started, token_budget=got.token_budget,
                                 max_chunk=got.max_chunk, generation=got.generation,
                                 disagg_threshold=got.disagg_threshold))
-    applied = sum(1 for e in entries if e.scheduler_knobs == desired)
+    applied = sum(1 for e in entries if runs(e, desired))
     status = KnobsStatus(token_budget=desired.token_budget, max_chunk=desired.max_chunk,
                          generation=desired.generation, disagg_threshold=desired.disagg_threshold, source=source,
                          applied_replicas=applied, pods=entries)
     return status, failures
+
+
+def runs(pod: PodKnobs, desired: SchedulerKnobs) -> bool:
+    """The pod acknowledged `desired`: the same knobs, and where they name a role (a live-roles pod's), that role."""
+    return pod.scheduler_knobs == desired.with_role(None) and (desired.role is None or pod.role == desired.role)
 
 
 def deliver_by_role(previous: KnobsStatus | None, wants: dict[str, tuple[SchedulerKnobs, str, list[ReadyPod]]],
@@ -132,7 +139,9 @@ def deliver_by_role(previous: KnobsStatus | None, wants: dict[str, tuple[Schedul
     by_role, failures, entries = {}, [], []
     for role, (desired, source, pods) in wants.items():
         status, failed = deliver(previous, desired, source, pods, push)
-        by_role[role] = status.model_copy(update={"pods": [p.model_copy(update={"role": role}) for p in status.pods]})
+        # the role each pod answered it runs, where it names one (a live-roles pod's), else the one it was pushed for
+        by_role[role] = status.model_copy(update={"pods": [p.model_copy(update={"role": p.role or role})
+                                                           for p in status.pods]})
         entries += by_role[role].pods
         failures += failed
     top = by_role[shown]

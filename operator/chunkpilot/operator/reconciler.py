@@ -17,10 +17,13 @@ from typing import NamedTuple
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from chunkpilot.api.types import (DISAGGREGATED_ROLES, ConditionType, InferenceDeployment, InferenceDeploymentSpec,
-                                  InferenceDeploymentStatus, KnobsStatus, desired_knobs)
+from chunkpilot.api.types import (DISAGGREGATED_ROLES, ConditionType, DisaggregationStatus, InferenceDeployment,
+                                  InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus, RoleStatus,
+                                  SchedulerStatus, desired_knobs, prefill_pods)
 from chunkpilot.operator import builders
-from chunkpilot.operator.knobs_delivery import HttpPusher, deliver, deliver_by_role, owned_pods, ready_pods
+from chunkpilot.operator.knobs_delivery import (HttpPusher, ReadyPod, deliver, deliver_by_role, owned_pods, ready_pods,
+                                                runs)
+from chunkpilot.operator.role_split import split_roles
 from chunkpilot.operator.pod_trouble import creating, engine_trouble, mount_trouble, starting
 from chunkpilot.contract.knobs import parse_knobs, threshold_text
 from chunkpilot.kube.autoscalers import AutoscalerCheck
@@ -43,13 +46,14 @@ NOT_OURS = "was not made by the chunkpilot operator"
 class Delivery(NamedTuple):
     """What one pass's knobs delivery found: status.knobs, whether a push failed (the queue retries after 1 s,
     doubling to 30 s), why any pod fails to come up, whether any runs containers not ready yet, and, for a
-    disaggregated resource, each role's own record."""
+    disaggregated resource, each role's own record, and in mode auto the split as the pods' labels say after it."""
 
     knobs: KnobsStatus | None
     failed: bool
     trouble: str | None
     waiting: bool
     roles: dict[str, KnobsStatus] = {}
+    split: DisaggregationStatus | None = None
 
 
 @dataclass
@@ -157,7 +161,7 @@ class Reconciler:
             patch = status_patch(status, deploy=deploys[None], desired_replicas=self._replicas(ns, name, obj, raw,
                                                                                                 deploys[None]),
                                  generation=meta.get("generation"), selector=selector, knobs=knobs, problem=problem,
-                                 now=now_rfc3339())
+                                 now=now_rfc3339(), split=delivery.split if delivery is not None else None)
         else:
             role_pods = [RolePods(role, deploys[role], self._replicas(ns, name, obj, raw, deploys[role], role),
                                   delivery.roles.get(role) if delivery is not None else None) for role in roles]
@@ -183,10 +187,13 @@ class Reconciler:
             return int((deploy.get("spec") or {}).get("replicas") or 0)
         if obj is None:  # an unreadable spec: what it says, as far as it can be read
             spec = raw.get("spec") or {}
+            d = spec.get("disaggregation") or {}
+            if role is None and d.get("mode") == "auto":
+                return sum(int((d.get(r) or {}).get("replicas", 1)) for r in DISAGGREGATED_ROLES)
             if role is not None:
-                spec = ((spec.get("disaggregation") or {}).get(role)) or {"replicas": 1}  # the schema's default
+                spec = d.get(role) or {"replicas": 1}  # the schema's default
             return int(spec.get("replicas") or 0)
-        return obj.spec.replicas if role is None else obj.spec.disaggregation.role(role).replicas
+        return builders.pod_count(obj, role)
 
     # -- knobs delivery (knobs_delivery.py) ---------------------------------------------------------------
     def _apply_token_secret(self, obj: InferenceDeployment) -> None:
@@ -223,7 +230,11 @@ class Reconciler:
         stale = now - self._verified.get(key, -math.inf) >= self.verify_seconds
         previous = None if stale else obj.status.knobs
         push = self.pusher.for_token(builders.admin_token(obj, self.settings))
-        if None in owned:
+        split = None
+        if None in owned and builders.live(obj):
+            status, by_role, failures = self._split(obj, ready_pods(owned[None]), previous, push)
+            split = _split_status(owned[None], by_role)
+        elif None in owned:
             knobs, source = desired_knobs(obj)
             status, failures = deliver(previous, knobs, source, ready_pods(owned[None]), push)
             by_role = {}
@@ -237,7 +248,41 @@ class Reconciler:
                      status.generation, ns, name, "; ".join(failures))
         listed = [p for role_pods in owned.values() for p in role_pods]
         return Delivery(status, bool(failures), engine_trouble(listed) or self._mount_trouble(ns, listed),
-                        starting(listed), by_role)
+                        starting(listed), by_role, split)
+
+    def _split(self, obj: InferenceDeployment, pods: list[ReadyPod], previous: KnobsStatus | None,
+               push) -> tuple[KnobsStatus, dict[str, KnobsStatus], list[str]]:
+        """Disaggregation mode auto: push each ready pod its role's knobs with the role the split gives it
+        (role_split.py; the engine switches at its next step, no restart), then move the role labels of the pods
+        that acknowledged a new role, so the Services follow: the client Service stops sending a new prefill pod
+        requests (the streams it has run on), and the prefill Service names it to the decode pods. A pod whose
+        push failed keeps its label and is asked again on the next pass."""
+        ns, name = ObjectKey.from_meta(obj.metadata)
+        target = split_roles(((p.name, p.role, p.started) for p in pods), prefill_pods(obj))
+        wants = {}
+        for role in DISAGGREGATED_ROLES:
+            knobs, source = desired_knobs(obj, role)
+            wants[role] = (knobs.with_role(role), source, [p for p in pods if target[p.name] == role])
+        status, by_role, failures = deliver_by_role(previous, wants, "decode", push)
+        acked = {e.pod for r in by_role.values() for e in r.pods if runs(e, wants[target[e.pod]][0])}
+        moved = []
+        for pod in pods:
+            role = target[pod.name]
+            if pod.role == role or pod.name not in acked:
+                continue
+            try:
+                self.kube.patch_pod_labels(ns, pod.name, builders.role_labels(role))
+            except ApiException as e:
+                failures.append(f"{pod.name}: its role label not moved to {role}: {_api_message(e, 'a pod patch')}")
+                continue
+            moved.append(f"{pod.name} {pod.role or 'unlabelled'} -> {role}")
+        if moved:
+            counts = {r: sum(1 for t in target.values() if t == r) for r in DISAGGREGATED_ROLES}
+            self.post_event({"apiVersion": obj.api_version, "kind": obj.kind, "metadata": obj.metadata}, "Normal",
+                            "RolesSwitched", f"{', '.join(moved)} (no restart); the split is "
+                            f"{counts['prefill']} prefill : {counts['decode']} decode pods")
+            log.info("%s/%s: roles switched: %s", ns, name, ", ".join(moved))
+        return status, by_role, failures
 
     def _mount_trouble(self, ns: str, pods: list[dict]) -> str | None:
         """A volume the kubelet cannot mount (FailedMount), which only Events say: read only while some pod waits
@@ -440,7 +485,24 @@ def _pod_roles(obj: InferenceDeployment | None, raw: dict) -> tuple[str | None, 
     if obj is not None:
         return builders.roles(obj)
     mode = ((raw.get("spec") or {}).get("disaggregation") or {}).get("mode", "off")
-    return DISAGGREGATED_ROLES if mode in ("on", "auto") else (None,)
+    return DISAGGREGATED_ROLES if mode == "on" else (None,)
+
+
+def _split_status(pods: list[dict], by_role: dict[str, KnobsStatus]) -> DisaggregationStatus:
+    """Mode auto: each role's pods as their labels say after this pass's switches (a pod whose label moved this
+    pass is counted in its new role: its acknowledgement is in that role's record), and the knobs delivered."""
+    switched = {e.pod: role for role, k in by_role.items() for e in k.pods}
+    roles = {}
+    for role in DISAGGREGATED_ROLES:
+        mine = [p for p in pods if switched.get(p["metadata"]["name"],
+                                                (p["metadata"].get("labels") or {}).get(builders.ROLE_LABEL)) == role]
+        k = by_role.get(role)
+        roles[role] = RoleStatus(
+            replicas=len(mine), ready_replicas=len(ready_pods(mine)),
+            knobs=None if k is None else SchedulerStatus.of(k.scheduler_knobs.knobs, source=k.source,
+                                                            generation=k.generation),
+            applied_replicas=0 if k is None else k.applied_replicas)
+    return DisaggregationStatus(**roles)
 
 
 def _owned_by(live: dict, uid: str | None) -> bool:
