@@ -462,6 +462,11 @@ state = "{self.containerd_run / 'state'}"
 
     def _start(self) -> None:
         super()._start()
+        # A cluster that was killed (a timeout) leaves kube-router's chains and address sets behind, and they reject
+        # traffic to pod addresses this node hands out again (seen: a decode pod could not reach the prefill pod at
+        # an address an earlier run's policy had held): cleared first, whether or not this cluster enforces policy.
+        if self.bin.get("kube-router"):
+            subprocess.run([self.bin["kube-router"], "--cleanup-config"], capture_output=True, timeout=60)
         self.start_containerd()
         self.start_dns()
         self.start_scheduler()

@@ -103,6 +103,15 @@ class Split:
 
     def diagnose(self) -> str:
         parts = [f"status: {self.k.status(NS, NAME)}", f"resource events: {self.k.events(NS, NAME)}"]
+        try:  # whom the prefill pods' headless Service names now (the decode pods resolve it every poll)
+            import kubernetes
+
+            slices = kubernetes.client.DiscoveryV1Api(self.k.core.api_client).list_namespaced_endpoint_slice(
+                NS, label_selector=f"kubernetes.io/service-name={NAME}-prefill").items
+            parts.append(f"{NAME}-prefill endpoints: " + ", ".join(
+                f"{e.addresses} ready={e.conditions.ready}" for sl in slices for e in sl.endpoints or []))
+        except Exception as e:  # noqa: BLE001 - diagnostics only
+            parts.append(f"no endpoint slices: {e}")
         for p in self.k.core.list_namespaced_pod(NS).items:
             ready = [c.status for c in p.status.conditions or [] if c.type == "Ready"]
             parts.append(f"--- pod {p.metadata.name} {p.status.pod_ip} (deleting: "
@@ -115,6 +124,14 @@ class Split:
                                      m.REMOTE_PREFILLS_SERVED, m.KV_LEASES_HELD, m.KV_CACHE_USAGE))))
             except (OSError, ValueError) as e:
                 parts.append(f"no metrics: {e}")
+            try:  # what the pod's resolver says the prefill pods are
+                cid = p.status.container_statuses[0].container_id.removeprefix("containerd://")
+                parts.append("resolves: " + self.cluster.ctr(
+                    "tasks", "exec", "--exec-id", f"dns-{uuid.uuid4().hex[:8]}", cid, "python3", "-c",
+                    f"import socket; print(sorted({{i[4][0] for i in socket.getaddrinfo('{NAME}-prefill.{NS}.svc', "
+                    "8000)}))", timeout=30).strip())
+            except Exception as e:  # noqa: BLE001 - diagnostics only
+                parts.append(f"does not resolve: {e}")
             # the decode pod polls the prefill pods every 0.5 s: those lines would hide everything else
             log = "\n".join(line for line in self.cluster.pod_log(NS, p.metadata.name, 200_000).splitlines()
                             if "/kv/load" not in line)

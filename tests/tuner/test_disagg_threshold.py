@@ -372,3 +372,96 @@ def test_tune_one_measures_a_disaggregated_resource_on_its_decode_pods_and_searc
     assert built["measurer"] == 'namespace="ml",service="llm",service!="llm-prefill",pod!~"llm-prefill-.*"'
     assert built["config"].space().thresholds[-1] == DISAGG_NEVER
     assert built["start"].disagg_threshold is None  # the pods run the spec's threshold until the first trial
+
+
+# ---- the split: how many of the pods serve as prefill pods (the operator switches roles in place) ----------------
+PODS_SPACE = SearchSpace.from_bounds((32, 2048), (32, 2048), 16, points_per_octave=2, threshold=(16, 4096), pods=3)
+
+
+def test_the_split_is_searched_with_the_threshold_and_never_runs_on_no_prefill_pod():
+    space = PODS_SPACE
+    assert space.splits == (1, 2) and SPLIT_SPACE.splits == ()  # no pod count: not searched
+    never = len(space.thresholds) - 1
+    assert space.knobs(0, 0, never, 1).prefill_pods == 0  # colocated: every pod serves clients
+    assert space.knobs(0, 0, 3, 1) == Knobs(32, 32, 128, 2)
+    assert space.colocated(Knobs(128, 64, 256, 2)) == Knobs(128, 64, DISAGG_NEVER, 0)
+    assert space.clamp(Knobs(128, 64, 256, 9)) == Knobs(128, 64, 256, 2)
+    assert space.clamp(Knobs(128, 64, 256)) == Knobs(128, 64, 256, 1)
+    assert space.clamp(Knobs(128, 64)) == Knobs(128, 64, None, 0)
+    assert space.params(Knobs(128, 64, 256, 2))["split_index"] == 1
+    # every finite threshold on each split, and never once
+    assert len(space.all_knobs()) == len(space.pairs()) * ((len(space.thresholds) - 1) * 2 + 1)
+    assert reasons.holding(Knobs(128, 64, 256, 1)).endswith("threshold 256 on 1 prefill pod")
+    assert Knobs(128, 64, 256, 2).budget_and_chunk == Knobs(128, 64)
+    # the split is one more column of the record, where it is searched
+    entry = HistoryEntry(0, WindowKind.COMPLETE, Knobs(128, 64, 256, 2), True, window(Knobs(128, 64)))
+    assert entry.to_dict()["prefill_pods"] == 2 and HistoryEntry.from_dict(entry.to_dict()).knobs == entry.knobs
+    assert "prefill_pods" not in HistoryEntry(0, WindowKind.COMPLETE, Knobs(128, 64), True,
+                                              window(Knobs(128, 64))).to_dict()
+
+
+class PodSplitFake(SplitFake):
+    """Three pods. Colocated, prompts stall the decodes (ITL over its SLO); split, the decode pods only decode, and
+    one prefill pod keeps up with the prompts while two leave one decode pod for every client, whose TTFT then
+    queues past its SLO."""
+
+    def measure(self, seconds):
+        w = split_window(self.knobs, "pays", self.rate, seconds, self.prompt, self.slo)
+        if not self.knobs.colocated and self.knobs.prefill_pods == 2:
+            w = Window(**{**w.to_dict(), "ttft": 2.5, "goodput": self.rate * 0.5})
+        return w
+
+
+def test_the_tuner_chooses_how_many_pods_prefill():
+    fake = PodSplitFake("pays", start=Knobs(128, 128))
+    settings = TunerSettings(window=60, warmup=5, max_trials=10, min_requests=20)
+    study = TunerStudy(":memory:", "ns/pods", PODS_SPACE, SLO, settings.objective, seed=1)
+    loop = TunerLoop(settings, PODS_SPACE, study, fake, fake, fake, SLO)
+    run_until_exploiting(loop, 40)
+    assert fake.applied_log[0] == Knobs(128, 128, DISAGG_NEVER, 0)  # colocated first: every pod a decode pod
+    tried = {r.knobs.prefill_pods for r in study.records() if r.knobs is not None and not r.knobs.colocated}
+    assert tried == {1, 2}, study.records()  # both splits measured (else this would prove nothing)
+    best = study.best()
+    assert best.feasible and best.knobs.prefill_pods == 1 and best.knobs.disagg_threshold < PROMPT
+    assert fake.knobs == best.knobs
+    assert loop.state.reason.endswith("on 1 prefill pod")
+    state = TunerState(mode="auto", best=best, current=best.knobs)
+    assert status_tuning(state, SLO, "goodput").best.prefill_pods == 1
+
+
+def test_the_tuner_writes_its_split_and_waits_for_the_pods_to_serve_in_it():
+    from chunkpilot.tuner.daemon import StatusActuator, StatusWriter, split_applied
+
+    auto = tuning_config("ml", "llm", {**SPEC, "disaggregation": {"mode": "auto", "prefill": {"replicas": 1},
+                                                                  "decode": {"replicas": 2}}}, CLUSTER)
+    assert auto.pods == 3 and auto.space().splits == (1, 2)
+
+    class Kube:
+        def __init__(self):
+            self.raw = {"metadata": {"resourceVersion": "1"}, "status": {}}
+            self.patches = []
+
+        def read_inference_deployment(self, namespace, name):
+            return self.raw
+
+        def patch_status(self, namespace, name, patch, resource_version=None):
+            self.patches.append(patch)
+            self.raw["status"] = {**self.raw["status"], **patch}
+
+    kube = Kube()
+    actuator = StatusActuator(StatusWriter(kube, "ml", "llm"), Knobs(128, 64), 3)
+    generation = actuator.apply(Knobs(256, 32, 512, 2))
+    assert kube.patches[-1]["scheduler"]["prefillPods"] == 2
+    pods = [{"pod": p, "role": "decode", "tokenBudget": 256, "maxChunk": 32, "generation": 4,
+             "disaggThreshold": 512} for p in ("a", "b", "c")]
+    kube.raw["status"] |= {"readyReplicas": 3, "knobs": {"tokenBudget": 256, "maxChunk": 32, "generation": 4,
+                                                         "disaggThreshold": 512, "pods": pods},
+                           "disaggregation": {"prefill": {"readyReplicas": 1}, "decode": {"readyReplicas": 2}}}
+    assert not actuator.applied(generation)  # every pod has the knobs, but one prefill pod where two were asked
+    kube.raw["status"]["disaggregation"]["prefill"]["readyReplicas"] = 2
+    assert actuator.applied(generation)
+    # at most all ready pods but one: with two ready, one prefill pod is the split applied
+    assert split_applied({"disaggregation": {"prefill": {"readyReplicas": 1}}}, 2, 2)
+    assert split_applied({}, None, 3)
+    actuator.apply(Knobs(256, 32))
+    assert kube.patches[-1]["scheduler"]["prefillPods"] is None

@@ -535,11 +535,11 @@ class SchedulerStatus(_Model):
     @classmethod
     def of(cls, knobs: Knobs, *, source: str, generation: int) -> "SchedulerStatus":
         return cls(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk, source=source, generation=generation,
-                   disagg_threshold=knobs.disagg_threshold)
+                   disagg_threshold=knobs.disagg_threshold, prefill_pods=knobs.prefill_pods)
 
     @property
     def knobs(self) -> Knobs:
-        return Knobs(self.token_budget, self.max_chunk, self.disagg_threshold)
+        return Knobs(self.token_budget, self.max_chunk, self.disagg_threshold, self.prefill_pods)
 
 
 class PodKnobs(_Model):
@@ -592,6 +592,9 @@ class KnobsMeasurement(_Model):
     disagg_threshold: int | None = Field(None, alias="disaggThreshold", ge=0,
                                          description="Disaggregation threshold of the decode pods, where the tuner "
                                                      "searches it. " + _THRESHOLD_WORDS)
+    prefill_pods: int | None = Field(None, alias="prefillPods", ge=0,
+                                     description="Pods serving as prefill pods, where the tuner searches the split "
+                                                 "(0: colocated).")
     objective: float | None = Field(None, description="Objective value measured.")
     ttft_seconds: float | None = Field(None, alias="ttftSeconds", description="Measured TTFT at the SLO percentile.")
     itl_seconds: float | None = Field(None, alias="itlSeconds", description="Measured ITL at the SLO percentile.")

@@ -36,19 +36,22 @@ class Knobs:
     generation (SchedulerKnobs), the API's SchedulerSpec and SchedulerStatus convert with `.knobs` and
     `SchedulerStatus.of`.
 
-    `disagg_threshold` is set only where the tuner searches it (spec.disaggregation.mode auto with tuning.mode
-    auto), for the decode pods: the uncached prompt tokens above which they send a prompt to a prefill pod,
-    DISAGG_NEVER for colocated. None everywhere else, so every other resource's knobs are the two numbers as
-    before (equal, hashed and stored alike)."""
+    `disagg_threshold` and `prefill_pods` are set only where the tuner searches them (spec.disaggregation.mode
+    auto with tuning.mode auto): the uncached prompt tokens above which the decode pods send a prompt to a prefill
+    pod, DISAGG_NEVER for colocated, and how many of the resource's pods serve as prefill pods (0 with
+    DISAGG_NEVER: every pod serves clients). None everywhere else, so every other resource's knobs are the two
+    numbers as before (equal, hashed and stored alike)."""
 
     token_budget: int
     max_chunk: int
     disagg_threshold: int | None = None
+    prefill_pods: int | None = None
 
     @property
     def budget_and_chunk(self) -> "Knobs":
         """The two scheduler numbers alone: what the step-time model predicts from (it knows no remote prefill)."""
-        return Knobs(self.token_budget, self.max_chunk) if self.disagg_threshold is not None else self
+        searched = self.disagg_threshold is not None or self.prefill_pods is not None
+        return Knobs(self.token_budget, self.max_chunk) if searched else self
 
     @property
     def colocated(self) -> bool:

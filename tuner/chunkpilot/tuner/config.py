@@ -28,12 +28,14 @@ class TuningConfig:
     # disaggregation mode auto (with tuning mode auto): the decode pods' threshold is searched between these
     # uncached-token counts (space.threshold_grid, "never" added); None: not searched, knobs carry no threshold
     threshold_bounds: tuple[int, int] | None = None
+    # and the resource's pods, whose split between the roles is searched with it (None: not searched)
+    pods: int | None = None
     # cluster mode: the Prometheus selector of the series this resource is judged by (daemon.measurement_selector)
     selector: str | None = None
 
     def space(self) -> SearchSpace:
         return SearchSpace.from_bounds(self.budget_bounds, self.chunk_bounds, self.step,
-                                       threshold=self.threshold_bounds)
+                                       threshold=self.threshold_bounds, pods=self.pods)
 
 
 def parse_slo(text: str | None, what: str) -> LatencyTarget | None:

@@ -85,13 +85,15 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
     b, a = s.tuning.bounds, s.autoscaling
     thresholds = threshold_bounds(s)
     targets = {"slo": s.slo.model_dump(), "bounds": b.model_dump(), "objective": s.tuning.objective}
+    pods = s.disaggregation.pods if thresholds is not None else None
     if thresholds is not None:  # another space, another study; every other resource keeps its study's name
         targets["thresholds"] = list(thresholds)
+        targets["pods"] = pods
     fingerprint = hashlib.sha256(json.dumps(targets, sort_keys=True).encode()).hexdigest()[:8]
     return TuningConfig(
         deployment=f"{namespace}/{name}@{fingerprint}", slo=slo,
         budget_bounds=(b.token_budget.min, b.token_budget.max),
-        chunk_bounds=(b.max_chunk.min, b.max_chunk.max), threshold_bounds=thresholds,
+        chunk_bounds=(b.max_chunk.min, b.max_chunk.max), threshold_bounds=thresholds, pods=pods,
         selector=measurement_selector(cluster.selector_template, namespace, name, s.disaggregated),
         storage=cluster.storage, seed=cluster.seed,
         settings=TunerSettings(mode=s.tuning.mode, objective=s.tuning.objective, window=s.tuning.window_seconds,
@@ -182,8 +184,11 @@ class StatusWriter:
             st = status_scheduler(raw)
             generation = max(newer_than, st.generation if st is not None else 0) + 1
             scheduler = dump(SchedulerStatus.of(knobs, source="tuner", generation=generation))
+            # a merge patch keeps what it leaves out: delete what these knobs do not carry
             if knobs.disagg_threshold is None and st is not None and st.disagg_threshold is not None:
-                scheduler["disaggThreshold"] = None  # a merge patch keeps what it leaves out: delete it
+                scheduler["disaggThreshold"] = None
+            if knobs.prefill_pods is None and st is not None and st.prefill_pods is not None:
+                scheduler["prefillPods"] = None
             return {"scheduler": scheduler}
         self._read_modify_write(patch, "knobs", attempts)
         return generation
@@ -210,11 +215,21 @@ class StatusActuator:
             knobs = KnobsStatus.model_validate(status.get("knobs"))
         except ValidationError:  # none yet (the operator has not delivered since) or unreadable: not applied
             return False
-        return knobs.applied_everywhere(SchedulerKnobs.of(self._knobs, generation),
-                                        int(status.get("readyReplicas") or 0))
+        ready = int(status.get("readyReplicas") or 0)
+        return knobs.applied_everywhere(SchedulerKnobs.of(self._knobs, generation), ready) and \
+            split_applied(status, self._knobs.prefill_pods, ready)
 
     def current(self) -> Knobs:
         return self._knobs
+
+
+def split_applied(status: dict, prefill_pods: int | None, ready: int) -> bool:
+    """The operator's record says the pods serve in the split chosen (disaggregation mode auto): as many ready
+    prefill pods as asked, at most all ready pods but one (operator/role_split.py). True where no split is chosen."""
+    if prefill_pods is None:
+        return True
+    prefill = ((status.get("disaggregation") or {}).get("prefill") or {}).get("readyReplicas") or 0
+    return int(prefill) == max(0, min(prefill_pods, ready - 1))
 
 
 class StatusScaler:

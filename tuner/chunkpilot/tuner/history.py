@@ -97,6 +97,7 @@ class HistoryEntry:
                 "max_chunk": self.knobs.max_chunk,
                 # only where the threshold is searched: every other entry keeps the shape its readers know
                 **({} if self.knobs.disagg_threshold is None else {"disagg_threshold": self.knobs.disagg_threshold}),
+                **({} if self.knobs.prefill_pods is None else {"prefill_pods": self.knobs.prefill_pods}),
                 "feasible": self.feasible, **self.window.to_dict(),
                 **(self.forecast.to_dict() if self.forecast is not None else {}),
                 **(self.screening.to_dict() if self.screening is not None else {})}
@@ -107,5 +108,6 @@ class HistoryEntry:
             d["predicted_itl"], d.get("predicted_ttft"), d.get("predicted_utilization"), d.get("predicted_capacity"),
             d.get("step_model_error"))
         screening = Screening(d["allowed"], d.get("feasible_knobs")) if "allowed" in d else None
-        return cls(epoch=d["epoch"], kind=WindowKind(d["kind"]), knobs=Knobs(d["token_budget"], d["max_chunk"], d.get("disagg_threshold")),
+        return cls(epoch=d["epoch"], kind=WindowKind(d["kind"]), knobs=Knobs(d["token_budget"], d["max_chunk"], d.get("disagg_threshold"),
+                                                                     d.get("prefill_pods")),
                    feasible=d["feasible"], window=window_of(d), forecast=forecast, screening=screening)

@@ -295,7 +295,7 @@ class TunerLoop:
             return knobs
         best = self.study.best()
         return self.space.colocated(knobs) if best is None or best.knobs.colocated else \
-            Knobs(knobs.token_budget, knobs.max_chunk, best.knobs.disagg_threshold)
+            Knobs(knobs.token_budget, knobs.max_chunk, best.knobs.disagg_threshold, best.knobs.prefill_pods)
 
     def _choice_memory(self) -> choice.Memory:
         """What choice.choose depends on, read from the study and the recorded windows now. With a searched

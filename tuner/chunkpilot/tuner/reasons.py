@@ -14,8 +14,9 @@ def knobs_words(knobs: Knobs) -> str:
     "never" (colocated)."""
     if knobs.disagg_threshold is None:  # every resource but disaggregation auto: the two numbers, as always
         return f"{knobs.token_budget}/{knobs.max_chunk}"
+    split = "" if knobs.prefill_pods is None else f" on {knobs.prefill_pods} prefill pod{_s(knobs.prefill_pods)}"
     return (f"{knobs.token_budget}/{knobs.max_chunk} with disaggregation threshold "
-            f"{threshold_text(knobs.disagg_threshold)}")
+            f"{threshold_text(knobs.disagg_threshold)}{split}")
 
 
 _k = knobs_words

@@ -1,5 +1,5 @@
 """The search space: (token_budget, max_chunk) inside the spec's bounds, on a log scale, in multiples of a step;
-with disaggregation in auto also the decode pods' threshold.
+with disaggregation in auto also the decode pods' threshold and the split (how many pods serve as prefill pods).
 
 Optuna cannot sample an integer on a log scale *and* in steps, and max_chunk <= token_budget would make the range
 of one parameter depend on another (which TPE models badly). So both are ordinal indices into fixed log-spaced
@@ -9,7 +9,11 @@ The threshold (spec.disaggregation.mode auto with tuning.mode auto) is a third o
 the KV block size (a prompt of fewer uncached tokens than one block is never worth a transfer) up to the longest
 prompt the model takes, then DISAGG_NEVER (colocated) as the last point, so "more local prefill" is one direction
 of the index and colocated is its end. Without it (every other resource) the space has no third index at all:
-the same Optuna parameters, the same draws, the same knobs as before."""
+the same Optuna parameters, the same draws, the same knobs as before.
+
+The split is a fourth ordinal index, over 1 .. pods - 1 prefill pods (the operator switches pods' roles while they
+serve, operator/role_split.py): a finite threshold runs on that many prefill pods, "never" on none (colocated: a
+prefill pod with nothing to prefill would be a pod lost to the clients)."""
 
 from __future__ import annotations
 
@@ -57,17 +61,25 @@ class SearchSpace:
     budgets: tuple[int, ...]
     chunks: tuple[int, ...]
     thresholds: tuple[int, ...] = ()  # empty: the threshold is not searched (knobs carry None)
+    splits: tuple[int, ...] = ()  # prefill pods a split may run on (1 .. pods - 1); empty: the split is not searched
 
     @classmethod
     def from_bounds(cls, budget: tuple[int, int], chunk: tuple[int, int], step: int = 16,
-                    points_per_octave: int = 4, threshold: tuple[int, int] | None = None) -> SearchSpace:
+                    points_per_octave: int = 4, threshold: tuple[int, int] | None = None,
+                    pods: int | None = None) -> SearchSpace:
+        """`pods`: the resource's pod count, whose split between the roles is searched with the threshold."""
+        splits = tuple(range(1, pods)) if threshold is not None and pods is not None and pods >= 2 else ()
         return cls(tuple(log_grid(*budget, step, points_per_octave)), tuple(log_grid(*chunk, step, points_per_octave)),
-                   () if threshold is None else threshold_grid(*threshold))
+                   () if threshold is None else threshold_grid(*threshold), splits)
 
-    def knobs(self, budget_index: int, chunk_index: int, threshold_index: int | None = None) -> Knobs:
+    def knobs(self, budget_index: int, chunk_index: int, threshold_index: int | None = None,
+              split_index: int | None = None) -> Knobs:
         b = self.budgets[budget_index]
         t = None if threshold_index is None or not self.thresholds else self.thresholds[threshold_index]
-        return Knobs(b, min(b, self.chunks[chunk_index]), t)
+        p = None
+        if self.splits:
+            p = 0 if t is None or t >= DISAGG_NEVER else self.splits[split_index or 0]
+        return Knobs(b, min(b, self.chunks[chunk_index]), t, p)
 
     def params(self, k: Knobs) -> dict[str, int]:
         """The Optuna parameters of the grid point nearest to k (used to enqueue known knobs, e.g. the incumbent or
@@ -78,11 +90,15 @@ class SearchSpace:
         if self.thresholds:  # knobs without one (the start-up knobs) are taken as colocated, the safe end
             t = DISAGG_NEVER if k.disagg_threshold is None else k.disagg_threshold
             out["threshold_index"] = int(np.argmin([abs(np.log(v / max(1, t))) for v in self.thresholds]))
+        if self.splits:  # colocated (0) is the threshold's "never"; its split index is any
+            out["split_index"] = int(np.argmin([abs(p - (k.prefill_pods or 1)) for p in self.splits]))
         return out
 
     def colocated(self, k: Knobs) -> Knobs:
-        """k's budget and chunk with no prompt sent to a prefill pod: the reference a split must beat."""
-        return Knobs(k.token_budget, k.max_chunk, DISAGG_NEVER if self.thresholds else None)
+        """k's budget and chunk with no prompt sent to a prefill pod, and every pod serving clients: the reference
+        a split must beat."""
+        return Knobs(k.token_budget, k.max_chunk, DISAGG_NEVER if self.thresholds else None,
+                     0 if self.splits else None)
 
     def clamp(self, k: Knobs) -> Knobs:
         b = min(max(k.token_budget, self.budgets[0]), self.budgets[-1])
@@ -90,7 +106,10 @@ class SearchSpace:
         t = k.disagg_threshold
         if self.thresholds and t is not None:
             t = min(max(t, self.thresholds[0]), DISAGG_NEVER)
-        return Knobs(b, c, t if self.thresholds else None)
+        p = None
+        if self.splits:
+            p = 0 if t is None or t >= DISAGG_NEVER else min(max(k.prefill_pods or 1, 1), self.splits[-1])
+        return Knobs(b, c, t if self.thresholds else None, p)
 
     def pairs(self) -> list[Knobs]:
         """Every distinct (token budget, max chunk), threshold None: what the step-time model judges."""
@@ -101,4 +120,6 @@ class SearchSpace:
         """Every distinct point (the exhaustive grid the benchmark compares against)."""
         if not self.thresholds:
             return self.pairs()
-        return [Knobs(p.token_budget, p.max_chunk, t) for p in self.pairs() for t in self.thresholds]
+        return sorted({self.clamp(Knobs(p.token_budget, p.max_chunk, t, s)) for p in self.pairs()
+                       for t in self.thresholds for s in (self.splits or (None,))},
+                      key=lambda k: (k.token_budget, k.max_chunk, k.disagg_threshold, k.prefill_pods or 0))

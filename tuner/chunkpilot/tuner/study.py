@@ -75,7 +75,7 @@ class TrialRecord:
 def knobs_of(attrs: dict) -> Knobs:
     """The knobs a trial measured, from its attributes (study.ran writes them): the threshold only where the
     space searches it, so every other study's trials are stored and read as before."""
-    return Knobs(attrs["token_budget"], attrs["max_chunk"], attrs.get("disagg_threshold"))
+    return Knobs(attrs["token_budget"], attrs["max_chunk"], attrs.get("disagg_threshold"), attrs.get("prefill_pods"))
 
 
 def _constraints_of(trial: FrozenTrial) -> list[float]:
@@ -235,7 +235,10 @@ class TunerStudy:
                                  # a third parameter only where the threshold is searched: every other study asks
                                  # exactly the two it always asked, so its seeded draws are unchanged
                                  trial.suggest_int("threshold_index", 0, len(self.space.thresholds) - 1)
-                                 if self.space.thresholds else None)
+                                 if self.space.thresholds else None,
+                                 # and a fourth where the split is searched too (a finite threshold's prefill pods)
+                                 trial.suggest_int("split_index", 0, len(self.space.splits) - 1)
+                                 if self.space.splits else None)
         self.ran(trial, knobs)
         return trial, knobs
 
@@ -246,6 +249,8 @@ class TunerStudy:
         trial.set_user_attr("max_chunk", knobs.max_chunk)
         if knobs.disagg_threshold is not None:
             trial.set_user_attr("disagg_threshold", knobs.disagg_threshold)
+        if knobs.prefill_pods is not None:
+            trial.set_user_attr("prefill_pods", knobs.prefill_pods)
 
     def tell(self, trial: optuna.Trial, window: Window, *, cut_short: bool = False) -> float:
         value = objective_value(window, self.objective)
@@ -369,6 +374,7 @@ class TunerStudy:
         return max(near, key=lambda m: (m.objective, -m.violation, _locality(m.knobs)))
 
 
-def _locality(knobs: Knobs) -> int:
-    """How much prefill a point keeps on the decode pods: its threshold, colocated (None or never) the most."""
-    return DISAGG_NEVER if knobs.colocated else knobs.disagg_threshold
+def _locality(knobs: Knobs) -> tuple[int, int]:
+    """How much prefill a point keeps on the decode pods: its threshold, colocated (None or never) the most; then
+    the fewer prefill pods, the more pods serve clients."""
+    return (DISAGG_NEVER if knobs.colocated else knobs.disagg_threshold, -(knobs.prefill_pods or 0))
