@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import signal
 import shutil
 import subprocess
@@ -133,6 +134,33 @@ def kill_shims(sock: Path) -> list[int]:
             except ProcessLookupError:
                 pass
     return killed
+
+# kube-router's filter chains (its hooks in INPUT/FORWARD/OUTPUT, a chain per pod and per policy) and its address
+# sets (KUBE-SRC-*, KUBE-DST-*): what a run of its firewall leaves behind
+KUBE_ROUTER_CHAINS = ("KUBE-ROUTER-", "KUBE-POD-FW-", "KUBE-NWPLCY-")
+KUBE_ROUTER_SETS = ("KUBE-SRC-", "KUBE-DST-")
+
+
+def clear_kube_router_rules() -> int:
+    """Remove what kube-router's firewall left in iptables and ipset; returns the chains removed. Its own
+    `--cleanup-config` (v2.1.0) says it cleaned the policy configuration and leaves every chain in place on this
+    host's nf_tables iptables (then panics in the service proxy's part), and those rules go on rejecting traffic to
+    the pod addresses they name, which the next cluster hands out again."""
+    dump = subprocess.run(["iptables-save", "-t", "filter"], capture_output=True, text=True).stdout.splitlines()
+    chains = [line[1:].split()[0] for line in dump if line.startswith(":") and line[1:].startswith(KUBE_ROUTER_CHAINS)]
+    for line in dump:  # the hooks from the built-in chains, deleted by their own specification
+        if line.startswith("-A ") and line.split()[1] in ("INPUT", "FORWARD", "OUTPUT") and \
+                any(f"-j {c}" in line for c in chains):
+            subprocess.run(["iptables", "-D", *shlex.split(line)[1:]], capture_output=True)
+    for verb in ("-F", "-X"):  # every chain emptied before any is deleted: they jump to one another
+        for chain in chains:
+            subprocess.run(["iptables", verb, chain], capture_output=True)
+    sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True).stdout.split()
+    for name in sets:
+        if name.startswith(KUBE_ROUTER_SETS):
+            subprocess.run(["ipset", "destroy", name], capture_output=True)
+    return len(chains)
+
 
 class _Yaml11Loader(yaml.SafeLoader):
     """PyYAML reads a bare `=` as YAML 1.1's "value" tag, which the Prometheus Operator's CRDs contain (an enum of
@@ -462,11 +490,10 @@ state = "{self.containerd_run / 'state'}"
 
     def _start(self) -> None:
         super()._start()
-        # A cluster that was killed (a timeout) leaves kube-router's chains and address sets behind, and they reject
-        # traffic to pod addresses this node hands out again (seen: a decode pod could not reach the prefill pod at
-        # an address an earlier run's policy had held): cleared first, whether or not this cluster enforces policy.
-        if self.bin.get("kube-router"):
-            subprocess.run([self.bin["kube-router"], "--cleanup-config"], capture_output=True, timeout=60)
+        # kube-router's chains and address sets outlive it, and they reject traffic to pod addresses this node hands
+        # out again (seen: a decode pod could not reach the prefill pod at an address an earlier run's policy had
+        # held): cleared first, whether or not this cluster enforces policy (a killed run cleaned nothing up).
+        clear_kube_router_rules()
         self.start_containerd()
         self.start_dns()
         self.start_scheduler()
@@ -488,7 +515,7 @@ state = "{self.containerd_run / 'state'}"
             stop_process(self.procs.pop(name, None), grace=15)
         kill_shims(self.sock)
         if self.with_network_policy:  # its chains and address sets outlive it
-            subprocess.run([self.bin["kube-router"], "--cleanup-config"], capture_output=True, timeout=60)
+            clear_kube_router_rules()
         if "kube-proxy" in self.bin:  # its iptables chains and rules, which outlive it
             subprocess.run([self.bin["kube-proxy"], "--cleanup"], capture_output=True, timeout=60)
         self.unmount()
