@@ -296,22 +296,25 @@ def test_a_disaggregated_resource_is_measured_on_its_decode_pods_alone():
     assert on.selector == 'namespace="ml",service="llm",service!="llm-prefill",pod!~"llm-prefill-.*"'
 
 
+class StatusKube:
+    """The resource's status as the API keeps it: merge patches applied, each one recorded."""
+
+    def __init__(self):
+        self.raw = {"metadata": {"resourceVersion": "1"}, "status": {}}
+        self.patches = []
+
+    def read_inference_deployment(self, namespace, name):
+        return self.raw
+
+    def patch_status(self, namespace, name, patch, resource_version=None):
+        self.patches.append(patch)
+        self.raw["status"] = {**self.raw["status"], **patch}
+
+
 def test_the_tuner_writes_its_threshold_into_status_scheduler_and_waits_for_every_pod_at_its_roles_knobs():
     from chunkpilot.tuner.daemon import StatusActuator, StatusWriter
 
-    class Kube:
-        def __init__(self):
-            self.raw = {"metadata": {"resourceVersion": "1"}, "status": {}}
-            self.patches = []
-
-        def read_inference_deployment(self, namespace, name):
-            return self.raw
-
-        def patch_status(self, namespace, name, patch, resource_version=None):
-            self.patches.append(patch)
-            self.raw["status"] = {**self.raw["status"], **patch}
-
-    kube = Kube()
+    kube = StatusKube()
     actuator = StatusActuator(StatusWriter(kube, "ml", "llm"), Knobs(128, 64), 3)
     generation = actuator.apply(Knobs(256, 32, DISAGG_NEVER))
     assert kube.patches[-1] == {"scheduler": {"tokenBudget": 256, "maxChunk": 32, "source": "tuner",
@@ -329,7 +332,7 @@ def test_the_tuner_writes_its_threshold_into_status_scheduler_and_waits_for_ever
     actuator.apply(Knobs(256, 32))
     assert kube.patches[-1]["scheduler"]["disaggThreshold"] is None
     # and a resource that never had one is written as before
-    plain = Kube()
+    plain = StatusKube()
     StatusActuator(StatusWriter(plain, "ml", "llm"), Knobs(128, 64), 0).apply(Knobs(96, 32))
     assert plain.patches[-1] == {"scheduler": {"tokenBudget": 96, "maxChunk": 32, "source": "tuner", "generation": 1}}
 
@@ -436,19 +439,7 @@ def test_the_tuner_writes_its_split_and_waits_for_the_pods_to_serve_in_it():
                                                                   "decode": {"replicas": 2}}}, CLUSTER)
     assert auto.pods == 3 and auto.space().splits == (1, 2)
 
-    class Kube:
-        def __init__(self):
-            self.raw = {"metadata": {"resourceVersion": "1"}, "status": {}}
-            self.patches = []
-
-        def read_inference_deployment(self, namespace, name):
-            return self.raw
-
-        def patch_status(self, namespace, name, patch, resource_version=None):
-            self.patches.append(patch)
-            self.raw["status"] = {**self.raw["status"], **patch}
-
-    kube = Kube()
+    kube = StatusKube()
     actuator = StatusActuator(StatusWriter(kube, "ml", "llm"), Knobs(128, 64), 3)
     generation = actuator.apply(Knobs(256, 32, 512, 2))
     assert kube.patches[-1]["scheduler"]["prefillPods"] == 2
