@@ -4,6 +4,8 @@ measures better under the same SLO rules; every other resource tunes exactly as 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from chunkpilot.contract.knobs import DISAGG_NEVER, SchedulerKnobs, dumps_knobs, parse_knobs, threshold_text
@@ -456,3 +458,47 @@ def test_the_tuner_writes_its_split_and_waits_for_the_pods_to_serve_in_it():
     assert split_applied({}, None, 3)
     actuator.apply(Knobs(256, 32))
     assert kube.patches[-1]["scheduler"]["prefillPods"] is None
+
+
+# ---- guided, with no colocated knobs predicted feasible: the splits are explored --------------------------------
+TIGHT_ITL = SLOTargets(ttft=LatencyTarget(0.99, 8.0), itl=LatencyTarget(0.99, 0.1))  # no pair keeps it (PINNED)
+
+
+def test_with_no_colocated_knobs_predicted_feasible_the_choice_explores_the_splits():
+    memory = Memory(guided=True, epoch=0, grid=GRID, slo=TIGHT_ITL, drift_load_shift=0.5, max_trials=10,
+                    splits=True)
+    made = choose(memory, Observation(PINNED))
+    assert made.judgement.feasible is False and made.queue is None  # not the closest colocated, tried again
+    pair = made.screen.fallback  # the closest colocated knobs, should Optuna keep asking colocated ones
+    assert made.screen.takes(Knobs(pair.token_budget, pair.max_chunk, 256, 1), None)
+    assert not made.screen.takes(Knobs(pair.token_budget, pair.max_chunk, DISAGG_NEVER, 0), None)
+    assert "exploring the prefill/decode splits" in made.notes[0]
+    # without a searched threshold, or with the trials spent: the closest colocated knobs, as before
+    for m in (replace(memory, splits=False), replace(memory, explored=10)):
+        assert choose(m, Observation(PINNED)).kind == TrialKind.CLOSEST
+
+
+class TightFake(GuidedSplitFake):
+    """ITL far tighter than any colocated step allows (the model predicts no pair keeps it); the split's decode
+    pods only decode and keep it, its TTFT within its SLO."""
+
+    slo = TIGHT_ITL
+
+    def measure(self, seconds):
+        w = super().measure(seconds)
+        if not self.knobs.colocated and self.knobs.disagg_threshold < self.prompt:
+            return Window(**{**w.to_dict(), "itl": 0.05, "goodput": self.rate})
+        return w
+
+
+def test_guided_with_no_colocated_knobs_feasible_the_tuner_finds_the_split_that_keeps_the_slos():
+    fake = TightFake("pays", start=Knobs(128, 128), rate=0.3)
+    loop, study = make_split(fake, slo=TIGHT_ITL, max_trials=8)
+    run_until_exploiting(loop)
+    assert loop.state.predicted_safe == 0  # no colocated knobs are predicted to keep the SLOs
+    records = [r for r in study.records() if r.knobs is not None]
+    assert records[0].kind == TrialKind.COLOCATED
+    assert sum(not r.knobs.colocated for r in records) >= 3, records  # the splits were explored
+    best = study.best()
+    assert best.feasible and not best.knobs.colocated and best.knobs.disagg_threshold < fake.prompt
+    assert fake.knobs == best.knobs

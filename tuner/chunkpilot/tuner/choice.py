@@ -16,7 +16,10 @@ the colocated windows measured and calibrating. A colocated ask is screened as a
 is taken as it comes, because the model can say nothing about its TTFT, which the remote prefill and the transfer
 make; it is judged by its measurement under the same rules as every trial (the probe's cut, the constraints
 Optuna is told, the margin). The choice's own picks are pairs: the loop runs them at the threshold it holds best
-(colocated until a split measured better)."""
+(colocated until a split measured better). Where no colocated knobs are predicted to keep the SLOs, the splits are
+exactly what may still keep them (a tight ITL with TTFT to spare, TaiChi's case: prefill pods take the prompts'
+chunks off the decode pods' steps), so then Optuna explores the splits, colocated asks refused with their predicted
+constraints, rather than the closest colocated knobs being tried over and over."""
 
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ class Memory:
     slo: SLOTargets
     drift_load_shift: float  # the load headroom of a prediction, and the shift that starts a new epoch
     max_trials: int
+    splits: bool = False  # the disaggregation threshold (and split) is searched: there is more than colocated
     trial_windows: tuple[dict, ...] = ()  # the epoch's completed trials' windows (stored dicts)
     measured: tuple[Measured, ...] = ()  # the epoch's completed trials grouped by knobs (TunerStudy.measured)
     explored: int = 0  # trials of this epoch that explored
@@ -165,7 +169,13 @@ def choose(memory: Memory, observation: Observation) -> Choice:
         needed = guide.replicas_needed(guide.stressed(context, m.drift_load_shift), closest, slo, calibration)
         why = reasons.no_feasible_knobs(context.load.request_rate, context.pods, closest, pressure[closest],
                                         len(calibration), needed)
-        return Choice(moved, closest, TrialKind.CLOSEST, None, Judgement(0, False, needed, why))
+        judgement = Judgement(0, False, needed, why)
+        if m.splits and m.explored < m.max_trials:
+            # nothing colocated is predicted to keep the SLOs: explore the splits (the module's doc), with the
+            # closest colocated knobs as the fallback when Optuna keeps asking colocated ones
+            screen = Screen(frozenset(), frozenset(measured), {c.knobs: c for c in unstressed}, slo, closest)
+            return Choice(moved, None, None, screen, judgement, (reasons.exploring_splits(closest),))
+        return Choice(moved, closest, TrialKind.CLOSEST, None, judgement)
     notes.append(f"{len(allowed)} of {len(screened)} knobs allowed at {context.load.request_rate:.2f} req/s per pod "
                  f"({len(measured)} measured); predicted best {screened[0].knobs.token_budget}/"
                  f"{screened[0].knobs.max_chunk} at {100 * screened[0].pressure:.0f}% of its tightest limit")

@@ -306,6 +306,7 @@ class TunerLoop:
             measured = [replace(m, knobs=m.knobs.budget_and_chunk) for m in measured if self._colocated(m.knobs)]
         return choice.Memory(guided=self._guided, epoch=self.study.epoch, grid=tuple(self.space.pairs()),
                              slo=self.slo, drift_load_shift=self.s.drift_load_shift, max_trials=self.s.max_trials,
+                             splits=bool(self.space.thresholds),
                              trial_windows=tuple(self.study.trial_windows()), measured=tuple(measured),
                              explored=self.study.explored(), waiting=self.study.waiting(),
                              completed_kinds=tuple(r.kind for r in self.study.records()),

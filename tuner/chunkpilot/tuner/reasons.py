@@ -70,6 +70,11 @@ def no_feasible_knobs(rate: float, pods: int, closest: Knobs, pressure: float, w
                else "more replicas would not help (a single request is too slow for the SLO)"))
 
 
+def exploring_splits(closest: Knobs) -> str:
+    return (f"no colocated knobs are predicted to keep the SLOs (the closest: {_k(closest)}): exploring the "
+            "prefill/decode splits, which the step-time model cannot predict, by measurement")
+
+
 def exploring_infeasible(feasible_reason: str, reason: str) -> str:
     """The Tuning condition while exploring with no knobs predicted safe: the alertable reason first."""
     return f"NoFeasibleKnobs: {feasible_reason} ({reason})"
