@@ -386,20 +386,25 @@ def test_mode_auto_switches_roles_in_place_under_load(split, offline):
         # colocated: the prefill pod switches to decode and serves clients
         old_prefill = pods["prefill"]
         served = metric(old_prefill.status.pod_ip, m.REQUEST_SUCCESS)
+        t0 = time.monotonic()
         split.k.patch(NAME, {"spec": {"disaggregation": {"prefill": {"replicas": 0}, "decode": {"replicas": 2}}}}, NS)
         poll(lambda: set(labelled().values()) == {"decode"} and engine_role(old_prefill.status.pod_ip) == "decode",
-             60, "both pods decode pods", diagnose)
+             60, "both pods decode pods", diagnose, interval=0.1)
+        took = {"to colocated": time.monotonic() - t0}
         poll(lambda: metric(old_prefill.status.pod_ip, m.REQUEST_SUCCESS) > served + 2, 120,
              "the old prefill pod serving clients", diagnose)
         # and back: one of them computes prompts again, and the other pulls its blocks
+        t0 = time.monotonic()
         split.k.patch(NAME, {"spec": {"disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}}}, NS)
-        back = poll(lambda: auto_pods(split), 60, "one prefill pod again", diagnose)
+        back = poll(lambda: auto_pods(split), 60, "one prefill pod again", diagnose, interval=0.1)
+        took["back to the split"] = time.monotonic() - t0
         poll(lambda: engine_role(back["prefill"].status.pod_ip) == "prefill", 30, "its engine a prefill engine",
              diagnose)
         ip = back["decode"].status.pod_ip
         ok = metric(ip, m.KV_TRANSFERS, outcome="ok")
         poll(lambda: metric(ip, m.KV_TRANSFERS, outcome="ok") > ok, 120, "blocks moving after the switch back",
-             diagnose)
+             diagnose, interval=0.1)
+        took["to the first pull after it"] = time.monotonic() - t0
         done = len(load.done)
         poll(lambda: len(load.done) >= done + 4, 120, "4 more streams completing", diagnose)
     assert not load.wrong, (load.wrong[:5], diagnose())
@@ -409,4 +414,4 @@ def test_mode_auto_switches_roles_in_place_under_load(split, offline):
     poll(lambda: (split.k.status(NS, NAME).get("disaggregation") or {}).get("prefill", {}).get("readyReplicas") == 1,
          30, "status counting one prefill pod", diagnose)
     print(f"\nmode auto: roles switched in place twice under load, {len(load.done)} streams, all equal to the offline "
-          f"engine's")
+          f"engine's; from the spec's patch: " + ", ".join(f"{k} {v:.1f} s" for k, v in took.items()))

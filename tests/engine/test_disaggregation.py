@@ -17,6 +17,7 @@ from chunkpilot.engine.core.sampling_params import SamplingParams
 from chunkpilot.engine.kv_transfer.transport import InProcessTransport, TransferError
 from chunkpilot.engine.metrics import (KV_FALLBACK_REASONS, KV_FALLBACKS, KV_RETRIES, KV_RETRY_REASONS, KV_TRANSFERS,
                                       REMOTE_PREFILLS_SERVED, TTFT_PHASE)
+from chunkpilot.engine.serving.kv_routes import DrainGate
 from tests.engine.disagg_harness import Pair
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
@@ -295,7 +296,8 @@ def test_a_live_roles_engine_in_the_prefill_role_prefills_here_and_refuses_new_p
         assert rig.metric("prefill", REMOTE_PREFILLS_SERVED) == 1  # prefilled here
         granted = await rig.client.post("/kv/prefill", json=ask(rig, 43))
         assert granted.status_code == 200, granted.text
-        rig.side = dataclasses.replace(rig.side, accepting=lambda: False)  # the prefill pod switched to decode
+        gate = DrainGate(lambda: "decode", lambda: 0, 30.0)  # the prefill pod switched to decode
+        rig.side = dataclasses.replace(rig.side, refusal=gate)
         for r in (await rig.client.get("/kv/load"), await rig.client.post("/kv/prefill", json=ask(rig, 44))):
             assert r.status_code == 503 and "decode role" in r.json()["error"]["message"], r.text
         released = await rig.client.post("/kv/release", json={"transfer_id": granted.json()["transfer_id"]})
@@ -307,6 +309,26 @@ def test_a_live_roles_engine_in_the_prefill_role_prefills_here_and_refuses_new_p
     finally:
         holder._knobs = start  # the module's engine: a fixed-role decode engine again for the other tests
     assert pair.free_blocks() == base
+
+
+def test_a_pod_switched_to_prefill_takes_prompts_once_its_client_streams_ended_or_the_wait_ran_out():
+    """The drain of a switch to prefill: closed while the client streams it was serving run, open when they ended
+    (and open for good until the role changes), or after the longest wait; closed again in the decode role."""
+    state = {"role": "decode", "clients": 2, "now": 0.0}
+    gate = DrainGate(lambda: state["role"], lambda: state["clients"], 10.0, clock=lambda: state["now"])
+    assert "decode role" in gate()
+    state["role"] = "prefill"
+    assert "finishing the 2 client stream(s)" in gate()
+    state["clients"], state["now"] = 0, 3.0
+    assert gate() is None
+    state["clients"] = 1  # a client request that still reached it after the drain: it takes prompts all the same
+    assert gate() is None
+    state["role"] = "decode"
+    assert gate() is not None
+    state.update(role="prefill", now=100.0)
+    assert gate() is not None  # a new switch, a new drain
+    state["now"] = 110.0
+    assert gate() is None  # the longest wait ran out
 
 
 def test_a_draining_prefill_pod_stops_answering_the_load_poll(pair):

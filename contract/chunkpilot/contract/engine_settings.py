@@ -173,8 +173,9 @@ SETTINGS: tuple[Setting, ...] = (
             operator=True),
     Setting("live_roles", bool, False, "Let the role change while the engine serves (prefill <-> decode, by a "
             "knobs push or the knobs file's role), no restart: the engine keeps both sides ready, one KV transport "
-            "for both. Needs --role prefill or decode and --prefill-peers. The operator starts spec.disaggregation "
-            "mode auto's pods so.", "server", operator=True),
+            "for both; switched to prefill it takes prompts once its client streams ended (at most --grace-period). "
+            "Needs --role prefill or decode and --prefill-peers. The operator starts spec.disaggregation mode "
+            "auto's pods so.", "server", operator=True),
     Setting("prefill_peers", str, None, "Prefill pods a decode (or both) engine may send prompts to: host:port "
             "entries separated by commas; a name that resolves to several addresses (a headless Service) is every "
             "pod behind it, resolved again every second.", "server", operator=True),

@@ -147,6 +147,13 @@ class AsyncEngine:
         return self._preparing + self.engine.num_waiting
 
     # ---- requests ---------------------------------------------------------------------------------------
+    @property
+    def num_client_requests(self) -> int:
+        """Requests in flight for clients, the prompts a prefill pod holds for decode pods left out (a live-roles
+        engine's drain waits for these: kv_routes.DrainGate)."""
+        with self._lock:
+            return sum(1 for live in self._live.values() if not live.seq.hold_kv)
+
     async def generate(
         self, request_id: str, prompt=None, params: SamplingParams | None = None, *, messages=None,
         cache_salt: bytes = b"", hold_kv: bool = False, remote_auth: str | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import uuid
 from collections.abc import Callable
 
@@ -28,6 +29,33 @@ from chunkpilot.engine.serving.api_error import ApiError, bad_request, unavailab
 SWEEP_SECONDS = 0.25  # how late an expired lease may be given back
 
 
+class DrainGate:
+    """Whether a live-roles engine takes prompts for decode pods: in the prefill role, once the client streams it was
+    serving when it switched have ended (the drain: their last tokens decode on steps of their own, not beside other
+    pods' prompt chunks), or `max_wait` seconds after the switch, whichever comes first; open then until the role
+    changes again (a client request that still reaches it afterwards does not close it)."""
+
+    def __init__(self, role: Callable[[], str | None], client_requests: Callable[[], int], max_wait: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.role, self.client_requests, self.max_wait, self.clock = role, client_requests, max_wait, clock
+        self._since: float | None = None  # when it was first asked in the prefill role
+        self._open = False
+
+    def __call__(self) -> str | None:
+        if self.role() != "prefill":
+            self._since, self._open = None, False
+            return ("this engine serves the decode role now (its role was switched): it prefills no prompt for "
+                    "other pods")
+        if not self._open:
+            now = self.clock()
+            self._since = now if self._since is None else self._since
+            self._open = self.client_requests() == 0 or now - self._since >= self.max_wait
+        if self._open:
+            return None
+        return (f"this engine switched to the prefill role and is finishing the {self.client_requests()} client "
+                f"stream(s) it was serving (at most {self.max_wait:g} s): it takes prompts after")
+
+
 @dataclasses.dataclass
 class PrefillSide:
     """What the prefill role keeps beside its engine."""
@@ -37,9 +65,9 @@ class PrefillSide:
     fingerprint: str
     lease_seconds: float
     leases: LeaseTable = dataclasses.field(default_factory=LeaseTable)
-    # whether it takes new prompts: a live-roles engine only while its role is prefill; what it granted before a
-    # switch to decode is still read (/kv/agent) and released (/kv/release), and its leases still expire
-    accepting: Callable[[], bool] = lambda: True
+    # why it takes no new prompt now (None: it takes them): a live-roles engine's DrainGate; what it granted before
+    # a switch to decode is still read (/kv/agent) and released (/kv/release), and its leases still expire
+    refusal: Callable[[], str | None] = lambda: None
 
     async def sweep(self) -> None:
         """Give back the blocks of expired leases (a decode pod that died releases nothing), forever."""
@@ -64,9 +92,9 @@ def add_kv_routes(app: FastAPI, side, salt_of) -> None:
     # pod-to-pod endpoints: kept out of the public OpenAPI schema (clients never call them)
     def taking() -> PrefillSide:
         s = ready()
-        if not s.accepting():  # decode pods stop choosing it at their next poll; one that did falls back or retries
-            raise unavailable("this engine serves the decode role now (its role was switched): it prefills no "
-                              "prompt for other pods")
+        refusal = s.refusal()
+        if refusal is not None:  # decode pods stop choosing it at their next poll; one that did falls back or retries
+            raise unavailable(refusal)
         return s
 
     @app.get("/kv/load", include_in_schema=False)

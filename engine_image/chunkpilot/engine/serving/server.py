@@ -40,7 +40,7 @@ from chunkpilot.engine.serving.streaming import ABORTED, sse_response
 from chunkpilot.engine.kv_transfer.decode_side import RemotePrefill
 from chunkpilot.engine.kv_transfer.peers import PrefillPeers
 from chunkpilot.engine.kv_transfer.factory import make_transport
-from chunkpilot.engine.serving.kv_routes import PrefillSide, add_kv_routes
+from chunkpilot.engine.serving.kv_routes import DrainGate, PrefillSide, add_kv_routes
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +162,9 @@ class ServerState:
                 # prefill side answers decode pods only while the role is prefill (the leases it granted before a
                 # switch are still settled)
                 holder = llm_engine.knobs
+                gate = DrainGate(lambda: holder.role, lambda: engine.num_client_requests, s.grace_period)
                 self.prefill_side = PrefillSide(engine, self.remote.transport, llm_engine.kv_fingerprint(),
-                                                s.kv_lease_seconds, accepting=lambda: holder.role == "prefill")
+                                                s.kv_lease_seconds, refusal=gate)
             elif s.role == "prefill":
                 transport = make_transport(s.kv_transport, "prefill", llm_engine.kv_pool, s.engine.block_size)
                 self.prefill_side = PrefillSide(engine, transport, llm_engine.kv_fingerprint(), s.kv_lease_seconds)
