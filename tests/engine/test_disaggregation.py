@@ -311,6 +311,20 @@ def test_a_live_roles_engine_in_the_prefill_role_prefills_here_and_refuses_new_p
     assert pair.free_blocks() == base
 
 
+def test_live_roles_are_refused_without_a_role_to_start_in_or_peers_and_allow_peers_on_a_prefill_engine():
+    from chunkpilot.engine.config import EngineConfig
+    from chunkpilot.engine.serving.server import ServerSettings
+
+    engine = EngineConfig(model="unused")
+    for kw in ({"role": "both", "prefill_peers": "p:1"}, {"role": "decode"}, {"role": "prefill"}):
+        with pytest.raises(ValueError, match="--live-roles needs --role prefill or decode"):
+            ServerSettings(engine, live_roles=True, **kw)
+    # a fixed prefill engine sends nothing on; a live one starting as prefill needs its peers for when it decodes
+    with pytest.raises(ValueError, match="drop --prefill-peers"):
+        ServerSettings(engine, role="prefill", prefill_peers="p:1")
+    assert ServerSettings(engine, role="prefill", prefill_peers="p:1", live_roles=True).live_roles
+
+
 def test_a_pod_switched_to_prefill_takes_prompts_once_its_client_streams_ended_or_the_wait_ran_out():
     """The drain of a switch to prefill: closed while the client streams it was serving run, open when they ended
     (and open for good until the role changes), or after the longest wait; closed again in the decode role."""

@@ -434,6 +434,17 @@ def test_the_tuner_chooses_how_many_pods_prefill():
     assert status_tuning(state, SLO, "goodput").best.prefill_pods == 1
 
 
+def test_of_two_splits_with_equal_goodput_the_one_with_fewer_prefill_pods_is_kept():
+    study = TunerStudy(":memory:", "ns/pods", PODS_SPACE, SLO, "goodput", seed=0)
+    same = window(Knobs(128, 128))
+    for knobs in (Knobs(128, 128, 256, 2), Knobs(128, 128, 256, 1)):
+        study.enqueue(knobs, TrialKind.PREDICTED)
+        trial, asked = study.ask()
+        assert asked == knobs
+        study.tell(trial, same)
+    assert study.best().knobs == Knobs(128, 128, 256, 1)  # one more pod serving clients
+
+
 def test_the_tuner_writes_its_split_and_waits_for_the_pods_to_serve_in_it():
     from chunkpilot.tuner.daemon import StatusActuator, StatusWriter, split_applied
 

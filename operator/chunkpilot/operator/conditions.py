@@ -83,6 +83,16 @@ def deployment_conditions(deploy: dict | None, desired_replicas: int, generation
     return [ready_c, prog_c, deg_c]
 
 
+def role_status(replicas: int, ready: int, knobs: KnobsStatus | None) -> RoleStatus:
+    """One role's entry of status.disaggregation: its pods, and the knobs delivered to them (None until a pass
+    could deliver) with how many ready pods acknowledged them."""
+    return RoleStatus(replicas=replicas, ready_replicas=ready,
+                      knobs=None if knobs is None else SchedulerStatus.of(knobs.scheduler_knobs.knobs,
+                                                                          source=knobs.source,
+                                                                          generation=knobs.generation),
+                      applied_replicas=0 if knobs is None else knobs.applied_replicas)
+
+
 @dataclass(frozen=True)
 class RolePods:
     """One role of a disaggregated resource: its Deployment as it is, the pods it should have, and the knobs
@@ -95,11 +105,7 @@ class RolePods:
 
     def status(self) -> RoleStatus:
         ds = (self.deploy or {}).get("status") or {}
-        k = self.knobs
-        return RoleStatus(replicas=int(ds.get("replicas") or 0), ready_replicas=int(ds.get("readyReplicas") or 0),
-                          knobs=None if k is None else SchedulerStatus.of(k.scheduler_knobs.knobs, source=k.source,
-                                                                          generation=k.generation),
-                          applied_replicas=0 if k is None else k.applied_replicas)
+        return role_status(int(ds.get("replicas") or 0), int(ds.get("readyReplicas") or 0), self.knobs)
 
 
 def role_conditions(roles: list[RolePods], generation: int | None, problem: Problem | None) -> list[Condition]:

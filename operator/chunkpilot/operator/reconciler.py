@@ -18,8 +18,8 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from chunkpilot.api.types import (DISAGGREGATED_ROLES, ConditionType, DisaggregationStatus, InferenceDeployment,
-                                  InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus, RoleStatus,
-                                  SchedulerStatus, desired_knobs, prefill_pods)
+                                  InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus, desired_knobs,
+                                  prefill_pods)
 from chunkpilot.operator import builders
 from chunkpilot.operator.knobs_delivery import (HttpPusher, ReadyPod, deliver, deliver_by_role, owned_pods, ready_pods,
                                                 runs)
@@ -31,7 +31,7 @@ from chunkpilot.kube.client import Kube
 from chunkpilot.kube.conditions import condition, now_rfc3339
 from chunkpilot.kube.object_key import ObjectKey
 from chunkpilot.operator.apply import describe, plan, with_hash
-from chunkpilot.operator.conditions import Problem, RolePods, status_patch
+from chunkpilot.operator.conditions import Problem, RolePods, role_status, status_patch
 from chunkpilot.operator.policy import PolicyError
 
 log = logging.getLogger(__name__)
@@ -496,12 +496,7 @@ def _split_status(pods: list[dict], by_role: dict[str, KnobsStatus]) -> Disaggre
     for role in DISAGGREGATED_ROLES:
         mine = [p for p in pods if switched.get(p["metadata"]["name"],
                                                 (p["metadata"].get("labels") or {}).get(builders.ROLE_LABEL)) == role]
-        k = by_role.get(role)
-        roles[role] = RoleStatus(
-            replicas=len(mine), ready_replicas=len(ready_pods(mine)),
-            knobs=None if k is None else SchedulerStatus.of(k.scheduler_knobs.knobs, source=k.source,
-                                                            generation=k.generation),
-            applied_replicas=0 if k is None else k.applied_replicas)
+        roles[role] = role_status(len(mine), len(ready_pods(mine)), by_role.get(role))
     return DisaggregationStatus(**roles)
 
 
