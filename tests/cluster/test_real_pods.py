@@ -627,11 +627,22 @@ def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(st
             outcome[key] = f"connection error: {e!r}"
         except openai.APIError as e:
             outcome[key] = f"error event: {e.message}"
+        except Exception as e:  # noqa: BLE001 - whatever ended the stream is the test's evidence, never a dead thread
+            outcome[key] = f"{type(e).__name__}: {e}"
+
+    def started() -> bool:
+        ended_early = [k for k in ("long", "short") if k in outcome and f"{k}-first" not in outcome]
+        if ended_early:  # a stream that ended before its first token will not start: say how, now
+            pytest.fail(f"the {ended_early} stream ended before its first token: {outcome}\n{stack.diagnose()}")
+        return "long-first" in outcome and "short-first" in outcome
+    # The Service answers first (after the last test's control-plane outage the proxy's rules are re-listed): this
+    # test is about the delete, so it starts from a pod that serves through its Service.
+    poll(lambda: first_token(url), 120, "a token through the Service before the delete", stack.diagnose)
     short = threading.Thread(target=stream, args=("short", 40))
     long = threading.Thread(target=stream, args=("long", 1900))  # ~2 min at this machine's step time
     long.start()
     short.start()
-    poll(lambda: "long-first" in outcome and "short-first" in outcome, 60, "both streams started", stack.diagnose)
+    poll(started, 60, "both streams started", lambda: f"streams: {outcome}\n{stack.diagnose()}")
     pod = stack.pod()
     t0, deleted_at = time.monotonic(), datetime.datetime.now(datetime.timezone.utc)
     stack.k.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, NAME)
