@@ -51,6 +51,10 @@ DISAGG_THRESHOLD = 256
 KV_LEASE_SECONDS = 10.0
 PREFILL_MAX_WAITING = 8
 PREFILL_RETRIES = 1
+# The largest share of the wall time a decode pod's pull works on the CPU (kv_transfer/pacing.py): at 0.25 the p99 of
+# the decode steps beside one pull a second was 6 % over theirs alone, against 50 % for a whole read
+# (bench/pull_contention.py), for a pull 4x as long
+PULL_SHARE = 0.25
 
 ENV_PREFIX = "CHUNKPILOT_"
 
@@ -195,6 +199,11 @@ SETTINGS: tuple[Setting, ...] = (
             "SLO with TTFT to spare.", "server"),
     Setting("prefill_max_waiting", int, PREFILL_MAX_WAITING, "A prefill pod with more requests waiting than this "
             "is saturated: decode engines prefill locally instead of queueing behind it.", "server"),
+    Setting("pull_share", float, PULL_SHARE, "Decode role, KV pool on the CPU: the largest share of the wall time "
+            "the read of a prompt's KV blocks from a prefill pod works (in slices, each checked as it lands, pausing "
+            "between them), so that the decode steps sharing its cores keep their inter-token gaps; the pull takes "
+            "1/share as long, and the first token waits for it under --first-token with-kv. 1 reads whole. A pool on "
+            "a GPU is always read whole.", "server"),
     Setting("prefill_retries", int, PREFILL_RETRIES, "Other prefill pods a decode engine tries, at most, when one "
             "fails a prompt (unreachable, transfer, checksum, lease, KV layout) and the time that try took is less "
             "than prefilling the prompt here would take; then it prefills locally. 0: never.", "server"),

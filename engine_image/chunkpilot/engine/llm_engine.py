@@ -28,6 +28,7 @@ from chunkpilot.engine.core.sampling_params import SamplingParams
 from chunkpilot.engine.core.scheduler import MIN_ACCEPTANCE, Scheduler, SchedulerConfig
 from chunkpilot.engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from chunkpilot.engine.execution.activation_memory import activation_bytes_per_token, device_free_memory
+from chunkpilot.engine.execution.kv_blocks import CHECKSUM
 from chunkpilot.engine.model.model_config import ModelConfig
 from chunkpilot.engine.speculation.draft_cost import RowCost
 from chunkpilot.engine.speculation.proposers import propose_drafts
@@ -302,7 +303,8 @@ class LLMEngine:
 
     def kv_fingerprint(self) -> str:
         """What decides whether another engine's KV blocks are usable here: the model (its config and the
-        weights files' headers and sizes), the dtype, quantization, block size and the pool's shape."""
+        weights files' headers and sizes), the dtype, quantization, block size, the pool's shape and the blocks'
+        checksum."""
         import hashlib
         from pathlib import Path
 
@@ -325,6 +327,7 @@ class LLMEngine:
             "weights": weights.hexdigest(), "dtype": str(self.dtype), "block_size": self.config.block_size,
             "quantization": self.config.quantization,
             "pool": list(self.kv_pool.shape[:2]) + list(self.kv_pool.shape[3:]),
+            "checksum": CHECKSUM,
         })
 
     @property

@@ -8,10 +8,14 @@ against what the prefill pod computed.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 
 import torch
+import xxhash
+
+# The checksum's name, part of the KV fingerprint (LLMEngine.kv_fingerprint): pods that compute it differently
+# refuse each other's offers at the fingerprint (HTTP 409, prefilled locally) instead of failing every block.
+CHECKSUM = "xxh3_64"
 
 
 def pool_layout(pool: torch.Tensor) -> tuple[int, int, int, int]:
@@ -36,22 +40,24 @@ def block_bytes(pool: torch.Tensor, block_size: int) -> int:
 
 
 def block_checksums(pool: torch.Tensor, block_size: int, blocks: Sequence[int]) -> list[int]:
-    """CRC-32 of each block's bytes (all its layers, K and V). Not a defence against an attacker (the pods trust
+    """XXH3-64 of each block's bytes (all its layers, K and V). Not a defence against an attacker (the pods trust
     each other on the cluster network): it catches a block that changed or was overwritten on the way, which
-    without it becomes another prompt's answer under HTTP 200 (vllm#52234). On the CPU the CRC runs over the
-    block's regions in place (zlib, at memory speed: no copy); a GPU pool's blocks are copied to the host first."""
+    without it becomes another prompt's answer under HTTP 200 (vllm#52234). XXH3 rather than zlib's CRC-32: both
+    sides hash every block of every pull, and on the CPU that was a third of a pull's time (1024 tokens of SmolLM2:
+    19 ms with CRC-32, 6.5 ms with XXH3, one core). On the CPU it runs over the block's regions in place (no
+    copy); a GPU pool's blocks are copied to the host first."""
     if pool.device.type != "cpu":
-        return [zlib.crc32(pool[:, :, b * block_size:(b + 1) * block_size].contiguous().cpu().view(torch.uint8)
-                           .numpy()) for b in blocks]
+        return [xxhash.xxh3_64_intdigest(pool[:, :, b * block_size:(b + 1) * block_size].contiguous().cpu()
+                                         .view(torch.uint8).numpy()) for b in blocks]
     flat = pool.view(-1).view(torch.uint8).numpy()
     base = pool.data_ptr()
     _, num_slots, layers, row_bytes = pool_layout(pool)
     out = []
     for b in blocks:
-        crc = 0
+        h = xxhash.xxh3_64()
         for address, length in block_regions(base, num_slots, layers, row_bytes, block_size, [b]):
-            crc = zlib.crc32(flat[address - base:address - base + length], crc)
-        out.append(crc)
+            h.update(flat[address - base:address - base + length])
+        out.append(h.intdigest())
     return out
 
 

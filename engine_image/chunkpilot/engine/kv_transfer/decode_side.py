@@ -6,9 +6,10 @@ inside its own server, no sidecar and no proxy):
    under this engine's knobs.
 2. `prefill`: POST /kv/prefill; the prefill pod computes the prompt, samples the first token (which the caller
    streams at once) and holds the prompt's blocks under a one-time transfer id.
-3. `pull`: reserve blocks here, read only those this engine's prefix cache lacks, check each block's checksum,
-   release the lease. The release answers whether the lease still held when the read was done: a lease that
-   expired meanwhile may have had its blocks overwritten, so what was read is thrown away.
+3. `pull`: reserve blocks here, read only those this engine's prefix cache lacks, in slices paced to a share of a
+   core (pacing.py), check each block's checksum as it lands, release the lease. The release answers whether the
+   lease still held when the read was done: a lease that expired meanwhile may have had its blocks overwritten, so
+   what was read is thrown away.
 
 Any failure (prefill pod unreachable or killed mid-transfer, another KV layout, a checksum that does not match, a
 lease that expired, no room here) frees what was reserved. A failure that was the prefill pod's may go to another
@@ -27,7 +28,7 @@ import httpx
 from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.contract.metric_names import KV_FALLBACK_REASONS
 from chunkpilot.engine.core.sequence import Sequence
-from chunkpilot.engine.execution.kv_blocks import block_checksums
+from chunkpilot.engine.kv_transfer.pacing import ChecksumMismatch, paced_read
 from chunkpilot.engine.kv_transfer.peers import Peer, PrefillPeers
 from chunkpilot.engine.kv_transfer.retry import LocalPrefillCost, should_retry
 from chunkpilot.engine.kv_transfer.transport import KVTransport, TransferError
@@ -52,11 +53,12 @@ class PullFailed(Exception):
 class RemotePrefill:
     def __init__(self, engine, transport: KVTransport, peers: PrefillPeers, client: httpx.AsyncClient, *,
                  threshold: int, fingerprint: str, timeout: float = 30.0, headers: dict[str, str] | None = None,
-                 retries: int = setting_default("prefill_retries"), first_token_with_kv: bool = False) -> None:
+                 retries: int = setting_default("prefill_retries"), first_token_with_kv: bool = False,
+                 pull_share: float = setting_default("pull_share")) -> None:
         """`engine`: the LLMEngine (its disaggregation methods); `headers`: this pod's own credentials for the
         prefill pods' /kv/release and /kv/agent (the prefill call itself carries the client's); `retries`: other
         prefill pods a failed prompt may go to (retry.py); `first_token_with_kv`: the first token waits until the
-        blocks joined the batch here (--first-token)."""
+        blocks joined the batch here (--first-token); `pull_share`: the pull's pacing on the CPU (pacing.py)."""
         self.engine = engine
         self.transport = transport
         self.peers = peers
@@ -66,6 +68,7 @@ class RemotePrefill:
         self.timeout = timeout
         self.headers = headers or {}
         self.first_token_with_kv = first_token_with_kv
+        self.pull_share = pull_share
         self.block_size = transport.block_size
         self.retries = retries
         self.local_cost = LocalPrefillCost()  # fed by the step loop (AsyncEngine): the retry rule's yardstick
@@ -185,14 +188,12 @@ class RemotePrefill:
                 return r.content
 
         try:
-            nbytes = self.transport.read(offer.agent, fetch, offer.layout, remote, local, self.timeout)
+            return paced_read(self.transport, offer.agent, fetch, offer.layout, remote, local, sums, self.timeout,
+                              share=self.pull_share)
         except TransferError as e:
             raise PullFailed(TRANSFER, str(e), unsafe=e.unsafe) from None
-        got = block_checksums(self.transport.pool, self.block_size, local)
-        bad = [i for i, (a, b) in enumerate(zip(got, sums, strict=True)) if a != b]
-        if bad:
-            raise PullFailed(CHECKSUM, f"{len(bad)} of {len(local)} blocks differ from what {peer.url} computed")
-        return nbytes
+        except ChecksumMismatch as e:
+            raise PullFailed(CHECKSUM, f"{e} ({peer.url})") from None
 
     async def release(self, peer: Peer, offer: KVOffer) -> bool:
         """Whether the lease still held. A prefill pod that cannot be reached releases by expiry."""

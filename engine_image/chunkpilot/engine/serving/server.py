@@ -84,6 +84,7 @@ class ServerSettings:
     prefill_max_waiting: int = setting_default("prefill_max_waiting")
     first_token: str = setting_default("first_token")
     prefill_retries: int = setting_default("prefill_retries")
+    pull_share: float = setting_default("pull_share")
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -113,6 +114,8 @@ class ServerSettings:
         if not self.kv_lease_seconds > 0 or self.prefill_max_waiting < 0:
             raise ValueError("kv-lease-seconds must be > 0 and prefill-max-waiting >= 0, got "
                              f"{self.kv_lease_seconds} and {self.prefill_max_waiting}")
+        if not 0 < self.pull_share <= 1:
+            raise ValueError(f"pull-share must be > 0 and <= 1 (a share of the wall time), got {self.pull_share}")
         if self.prefill_retries < 0:
             raise ValueError(f"prefill-retries must be >= 0 other prefill pods, got {self.prefill_retries}")
 
@@ -200,7 +203,7 @@ class ServerState:
                                    s.engine.block_size)
         return RemotePrefill(llm_engine, transport, peers, client, threshold=s.disagg_threshold, fingerprint=fp,
                              headers=headers, retries=s.prefill_retries,
-                             first_token_with_kv=s.first_token == "with-kv")
+                             first_token_with_kv=s.first_token == "with-kv", pull_share=s.pull_share)
 
     async def run_disaggregation(self) -> None:
         """After the model loaded: poll the prefill pods (decode side), sweep expired leases (prefill side)."""
