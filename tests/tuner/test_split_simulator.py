@@ -71,7 +71,7 @@ def test_the_pull_delays_the_second_token_by_its_modelled_seconds():
     assert slow.seconds(100) == pytest.approx(pull)
     got = {}
     for name, cost in (("free", FREE), ("slow", slow)):
-        r = SplitFleet(COST, lone, DECODE, PREFILL, threshold=0, transfer=cost).run()[0]
+        r = SplitFleet(COST, lone, DECODE, PREFILL, threshold=0, transfer=cost, pull_share=1.0).run()[0]
         got[name] = r
         assert r.ttft == pytest.approx(0.11)  # the first token is the prefill engine's
     assert got["slow"].itls[0] - got["free"].itls[0] == pytest.approx(pull)
@@ -86,8 +86,8 @@ def test_with_kv_the_first_token_waits_for_the_pull_and_the_first_gap_is_a_decod
     lone = [RequestSpec("x", [7] * 100, 5, 0.0, 100)]
     slow = TransferCost(overhead_s=0.05, read_s_per_mib=0.02, checksum_s_per_mib=0.01, bytes_per_token=46080.0)
     pull = slow.seconds(100)
-    early, with_kv = (SplitFleet(COST, lone, DECODE, PREFILL, threshold=0, transfer=slow, first_token=mode).run()[0]
-                      for mode in ("early", "with-kv"))
+    early, with_kv = (SplitFleet(COST, lone, DECODE, PREFILL, threshold=0, transfer=slow, first_token=mode,
+                                 pull_share=1.0).run()[0] for mode in ("early", "with-kv"))
     assert early.ttft == pytest.approx(0.11) and early.itls[0] == pytest.approx(pull + 0.012)
     assert with_kv.ttft == pytest.approx(0.11 + pull)
     assert with_kv.itls[0] == pytest.approx(0.012)
@@ -124,10 +124,25 @@ def test_a_pull_on_a_shared_core_slows_the_decodes_it_overlaps():
     gaps = {}
     for share in (0.0, 1.0):
         cost = TransferCost(0.3, 0.0, 0.0, 46080.0, step_loop_share=share)
-        records = SplitFleet(COST, reqs, DECODE, PREFILL, threshold=100, transfer=cost).run()
+        records = SplitFleet(COST, reqs, DECODE, PREFILL, threshold=100, transfer=cost, pull_share=1.0).run()
         gaps[share] = max(records[0].itls)
     assert gaps[0.0] == pytest.approx(0.012)
     assert gaps[1.0] == pytest.approx(0.012 + 0.3)
+
+
+def test_a_paced_pull_lasts_longer_and_stretches_each_step_beside_it_by_its_share_at_most():
+    # The same two requests, the pull's 0.3 s of work paced at a quarter of the wall time (the engine's default
+    # --pull-share on the CPU): it lasts 1.2 s, and each decode step beside it (0.012 s alone) grows by a third at
+    # most, not by the whole pull; the work is all lost to the steps in the end, none more.
+    reqs = [RequestSpec("x", [7] * 16, 200, 0.0, 16), RequestSpec("x", [7] * 512, 3, 0.05, 512)]
+    cost = TransferCost(0.3, 0.0, 0.0, 46080.0, step_loop_share=1.0)
+    fleet = SplitFleet(COST, reqs, DECODE, PREFILL, threshold=100, transfer=cost, pull_share=0.25)
+    records = fleet.run()
+    assert fleet.decodes[0].transfers == [(512, pytest.approx(1.2))]
+    assert max(records[0].itls) == pytest.approx(0.012 * 4 / 3)
+    assert sum(records[0].itls) - 0.012 * len(records[0].itls) == pytest.approx(0.3, rel=0.05)
+    with pytest.raises(ValueError, match="pull_share"):
+        SplitFleet(COST, reqs, DECODE, PREFILL, pull_share=0.0)
 
 
 def test_a_saturated_prefill_engine_sends_requests_back_to_local_prefill():

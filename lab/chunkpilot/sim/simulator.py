@@ -120,9 +120,9 @@ class Simulator:
         from other engines, sim/split.py's decode engine, wakes for those too.)"""
         return self.pending[0].arrival if self.pending else None
 
-    def _stolen(self) -> float:
-        """Seconds the next step loses to work beside the step loop on the same cores (none here; the decode
-        engine's KV pulls in sim/split.py)."""
+    def _stolen(self, base: float) -> float:
+        """Seconds the next step, which takes `base` seconds alone, loses to work beside the step loop on the same
+        cores (none here; the decode engine's KV pulls in sim/split.py)."""
         return 0.0
 
     def advance(self, until: float) -> None:
@@ -140,7 +140,8 @@ class Simulator:
                 continue
             # a decode with k drafts: a decode and k token rows, costed and counted as the engine counts it
             chunks = [(c.start, c.num_tokens, i < out.num_decodes) for i, c in enumerate(out.chunks)]
-            seconds = self.cost.step_seconds(chunks) + self._stolen()
+            base = self.cost.step_seconds(chunks)
+            seconds = base + self._stolen(base)
             self.now += seconds
             self.steps += 1
             self.step_log.append((self.now, *step_cost.step_features(chunks), seconds))

@@ -32,6 +32,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from chunkpilot.contract.engine_settings import FIRST_TOKEN_MODES
+from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.engine.core.sampling_params import SamplingParams
 from chunkpilot.engine.core.sequence import Sequence
 from chunkpilot.engine.kv_transfer.peers import Peer, choose
@@ -59,17 +60,22 @@ class DecodeEngine(Simulator):
     the engine's step loop drains its queue of reserve/admit/add messages before each step."""
 
     def __init__(self, cost: StepCost, knobs: Knobs, transfer: TransferCost, first_token: str = "early",
-                 **sim_options) -> None:
+                 pull_share: float = setting_default("pull_share"), **sim_options) -> None:
         super().__init__(cost, [], knobs, **sim_options)
         if first_token not in FIRST_TOKEN_MODES:
             raise ValueError(f"first_token must be one of {', '.join(FIRST_TOKEN_MODES)}, got {first_token!r}")
+        if not 0 < pull_share <= 1:
+            raise ValueError(f"pull_share must be in (0, 1], got {pull_share}")
         self.transfer = transfer
+        # the engine's --pull-share (kv_transfer/pacing.py): a pull of c seconds of work lasts c / share, and a step
+        # beside it loses at most share / (1 - share) of its own time to it; 1: read whole, its time all at once
+        self.pull_share = pull_share
         self.with_kv = first_token == "with-kv"  # the engine's --first-token: hold it until the blocks are here
         self._held: set[str] = set()  # requests whose first token the client does not have yet
         self._events: list[tuple[float, int, str, str]] = []  # heap of (time, order, kind, request id)
         self._order = itertools.count()
         self._remote: dict[str, Sequence] = {}  # sent away, not yet in this engine's scheduler
-        self._owed: list[tuple[float, float]] = []  # pulls in flight: (end, seconds the next step loses)
+        self._owed: list[list[float]] = []  # pulls in flight: [end, seconds of work the steps have still to lose]
         self.fallbacks: Counter[str] = Counter()  # the engine's remote_prefill_fallbacks_total reasons
         self.transfers: list[tuple[int, float]] = []  # (tokens pulled, seconds) of every pull
 
@@ -153,9 +159,10 @@ class DecodeEngine(Simulator):
             return
         bs = self.scheduler.block_manager.block_size
         tokens = n - (seq.num_cached_tokens // bs) * bs  # only the blocks this engine's cache lacks move
-        seconds = self.transfer.seconds(tokens, bs)
+        work = self.transfer.seconds(tokens, bs)
+        seconds = work / self.pull_share
         self.transfers.append((tokens, seconds))
-        self._owed.append((self.now + seconds, seconds * self.transfer.step_loop_share))
+        self._owed.append([self.now + seconds, work * self.transfer.step_loop_share])
         self._post(self.now + seconds, "admit", seq.request_id)
 
     # -- the Simulator's hooks -----------------------------------------------------------------------------
@@ -164,12 +171,18 @@ class DecodeEngine(Simulator):
         times = [t for t in times if t is not None]
         return min(times) if times else None
 
-    def _stolen(self) -> float:
-        # pulls still running when this step starts take their CPU time from it; those that ended while the
-        # engine stood idle took nothing from it
-        owed = sum(s for end, s in self._owed if end > self.now)
-        self._owed = []
-        return owed
+    def _stolen(self, base: float) -> float:
+        # pulls still running when this step starts take their CPU time from it, read whole all of what is left,
+        # paced at most their share of the step's time; those that ended while the engine stood idle took nothing
+        live = [p for p in self._owed if p[0] > self.now]
+        cap = base * self.pull_share / (1 - self.pull_share) if self.pull_share < 1 else float("inf")
+        lost = 0.0
+        for p in live:
+            take = min(p[1], cap)
+            p[1] -= take
+            lost += take
+        self._owed = [p for p in live if p[1] > 0]
+        return lost
 
     @property
     def busy(self) -> bool:
@@ -193,6 +206,7 @@ class SplitFleet:
     balancer: str = "round-robin"
     prefill_cost: StepCost | None = None
     first_token: str = "early"  # the decode engines' --first-token: early, or with-kv (see DecodeEngine)
+    pull_share: float = setting_default("pull_share")  # the decode engines' --pull-share (see DecodeEngine)
     sim_options: dict = field(default_factory=dict)
     seed: int = 0  # the power-of-two choice's draws
 
@@ -205,8 +219,8 @@ class SplitFleet:
             raise ValueError(f"threshold must be >= 0 (math.inf: never split), got {self.threshold}")
         self.now = 0.0
         self.pending = deque(sorted(self.requests, key=lambda r: r.arrival))
-        self.decodes = [DecodeEngine(self.cost, self.decode_knobs, self.transfer, self.first_token, **self.sim_options)
-                        for _ in range(self.decode)]
+        self.decodes = [DecodeEngine(self.cost, self.decode_knobs, self.transfer, self.first_token, self.pull_share,
+                                     **self.sim_options) for _ in range(self.decode)]
         self.prefills = [Simulator(self.prefill_cost or self.cost, [], self.prefill_knobs, **self.sim_options)
                          for _ in range(self.prefill)]
         # per prefill engine: the index of each request in its records -> (decode engine, request id there)

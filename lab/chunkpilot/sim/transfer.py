@@ -24,7 +24,7 @@ MIB = 2**20
 class TransferCost:
     overhead_s: float  # per transfer, whatever its size: the fitted intercepts of the read and the checksums
     read_s_per_mib: float  # the NIXL read into this engine's pool
-    checksum_s_per_mib: float  # CRC-32 of every block read (kv_blocks.block_checksums)
+    checksum_s_per_mib: float  # the checksum of every block read (kv_blocks.block_checksums)
     bytes_per_token: float  # one token's K and V over every layer, in the pool's dtype
     # The pull runs on a thread beside the step loop (decode_side.RemotePrefill._pool), so it blocks no step; but on
     # a pod with no core to spare its CPU time comes out of the steps that run meanwhile. The share of the pull's
