@@ -464,6 +464,21 @@ def kv_transfer(d: dict) -> list[str]:
     return table(["prompt tokens", "MiB", "NIXL read, ms", "checksums, ms", "local copy, ms"], rows)
 
 
+def pull_contention(d: dict) -> list[str]:
+    rows = d["rows"]
+    alone = next(r for r in rows if r["worst_step_p50_s"] is None)
+    ms = lambda v: "-" if v is None else f"{v * 1000:.0f}"  # noqa: E731
+    out = table(["pull", "step p50, ms", "step p99, ms", "p99 / p99 alone", "longest step beside a pull, ms "
+                 "(median, max)", "the pull, ms"],
+                [[r["arm"], ms(r["step_p50_s"]), ms(r["step_p99_s"]), f"{r['step_p99_s'] / alone['step_p99_s']:.2f}x",
+                  "-" if r["worst_step_p50_s"] is None else f"{ms(r['worst_step_p50_s'])}, {ms(r['worst_step_max_s'])}",
+                  ms(r["pull_p50_s"])] for r in rows])
+    c = d["conditions"]
+    return out + ["", f"A {c['tokens']}-token prompt's blocks pulled once every {c['every_s']:g} s beside {c['seqs']} "
+                      f"decoding sequences, on core(s) {c['cores']}, {c['pulls']} pulls an arm in each of "
+                      f"{c['rounds']} rounds."]
+
+
 def _why(rung: dict) -> str:
     """Which SLO a rung's misses broke and the first inter-token gap apart from the rest (runs before these were
     recorded have none)."""
@@ -557,10 +572,12 @@ SECTIONS = (
     Section("quantization", "Weight-only quantization", "python bench/quantization.py", quantization),
     Section("speculative", "Speculative decoding (n-gram drafts)", "python bench/speculative.py", speculative),
     Section("kv_transfer", "Moving a prompt's KV blocks (NIXL)", "python bench/kv_transfer.py", kv_transfer),
+    Section("pull_contention", "What a pull costs the decode steps beside it (one core)",
+            "python bench/pull_contention.py --seqs 2 --shares 0.25,0.1", pull_contention),
     Section("disaggregation", "Prefill/decode disaggregation against the best colocated knobs",
             "python bench/disaggregation.py --itl-x 3", disaggregation),
     Section("disaggregation_ladder", "Prefill/decode disaggregation: the best arms again on a lower ladder",
-            "python bench/disaggregation.py --itl-x 3 --traces prefill_heavy --rates 0.05,0.1,0.15,0.2 --arms "
+            "python bench/disaggregation.py --itl-x 3 --traces prefill_heavy --rates 0.05,0.1,0.15,0.2,0.3 --arms "
             "colocated-256,colocated-512,split-0-with-kv --out disaggregation_ladder", disaggregation),
     Section("disaggregation_predicted", "Prefill/decode disaggregation predicted by the simulator",
             "python bench/disaggregation.py --predict-only", disaggregation_predicted),

@@ -30,10 +30,12 @@ echo "== quantization (float32, int8, int4 side by side; llama.cpp where llama-c
 "$PY" bench/quantization.py
 echo "== moving a prompt's KV blocks (NIXL read, checksums, local copy)"
 "$PY" bench/kv_transfer.py
+echo "== what a pull costs the decode steps beside it (one core, as a CPU decode pod has; before, XXH3, paced)"
+"$PY" bench/pull_contention.py --seqs 2 --shares 0.25,0.1
 echo "== prefill/decode disaggregation against the best colocated knobs (goodput, SLOs from this machine's speed)"
 "$PY" bench/disaggregation.py --itl-x 3
 echo "== the best arms of prefill-heavy traffic again, on a ladder that starts lower (the colocated pairs held no rung above)"
-"$PY" bench/disaggregation.py --itl-x 3 --traces prefill_heavy --rates 0.05,0.1,0.15,0.2 --arms colocated-256,colocated-512,split-0-with-kv --out disaggregation_ladder
+"$PY" bench/disaggregation.py --itl-x 3 --traces prefill_heavy --rates 0.05,0.1,0.15,0.2,0.3 --arms colocated-256,colocated-512,split-0-with-kv --out disaggregation_ladder
 echo "== the same predicted by the simulator (seconds; from the run above's lone-request figures and SLOs)"
 "$PY" bench/disaggregation.py --predict-only
 echo "== speculative decoding (n-gram drafts on and off, batch 1 and 8, outputs that repeat the prompt and ones that do not)"
