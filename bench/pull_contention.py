@@ -52,14 +52,16 @@ def crc32_blocks(pool: torch.Tensor, blocks: list[int]) -> list[int]:
     return out
 
 
-def measure(eng: LLMEngine, pull, seqs: int, pulls: int, every: float, tag: str) -> dict:
-    """Fresh decoding sequences; `pull` (None: none) from another thread every `every` s while the steps run."""
-    for rid in list(eng._live):  # noqa: SLF001 - the bench's own engine: end the last arm's sequences
+def measure(eng: LLMEngine, pull, seqs: int, pulls: int, every: float, tag: str, live: list[str]) -> dict:
+    """Fresh decoding sequences (the last arm's, ids in `live`, aborted first); `pull` (None: none) from another
+    thread every `every` s while the steps run."""
+    for rid in live:
         eng.abort(rid)
     while eng.has_unfinished():
         eng.step()
-    for i in range(seqs):
-        eng.add_request(f"{tag}-{i}", [1 + i] * 64, SamplingParams(max_tokens=100000, ignore_eos=True))
+    live[:] = [f"{tag}-{i}" for i in range(seqs)]
+    for rid in live:
+        eng.add_request(rid, [1 + live.index(rid)] * 64, SamplingParams(max_tokens=100000, ignore_eos=True))
     for _ in range(5):  # their prefills and first decodes
         eng.step()
     steps: list[tuple[float, float]] = []
@@ -121,9 +123,10 @@ def main() -> None:
             lambda share=share: paced_read(decode, prefill.name, prefill.metadata, prefill.layout, src, dst, sums,
                                            30.0, share=share))
     got: dict[str, dict[str, list[float]]] = {a: {"steps": [], "worst": [], "pulls": []} for a in arms}
+    live: list[str] = []
     for r in range(args.rounds):
         for i, (arm, pull) in enumerate(arms.items()):
-            m = measure(eng, pull, args.seqs, args.pulls, args.every, f"r{r}a{i}")
+            m = measure(eng, pull, args.seqs, args.pulls, args.every, f"r{r}a{i}", live)
             for k, v in m.items():
                 got[arm][k] += v
     prefill.close()

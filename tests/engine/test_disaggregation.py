@@ -311,6 +311,17 @@ def test_a_live_roles_engine_in_the_prefill_role_prefills_here_and_refuses_new_p
     assert pair.free_blocks() == base
 
 
+def test_the_kv_fingerprint_names_the_block_checksum(pair, monkeypatch):
+    """Pods that checksum blocks differently (another version, during a rolling upgrade) must refuse each other at
+    the fingerprint (409, prefilled locally), not fail every block as a checksum mismatch."""
+    from chunkpilot.engine import llm_engine
+
+    now = pair.decode_llm.kv_fingerprint()
+    assert pair.prefill_llm.kv_fingerprint() == now
+    monkeypatch.setattr(llm_engine, "CHECKSUM", "crc32")
+    assert pair.decode_llm.kv_fingerprint() != now
+
+
 def test_live_roles_are_refused_without_a_role_to_start_in_or_peers_and_allow_peers_on_a_prefill_engine():
     from chunkpilot.engine.config import EngineConfig
     from chunkpilot.engine.serving.server import ServerSettings

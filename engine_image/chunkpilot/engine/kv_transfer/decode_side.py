@@ -72,7 +72,8 @@ class RemotePrefill:
         self.block_size = transport.block_size
         self.retries = retries
         self.local_cost = LocalPrefillCost()  # fed by the step loop (AsyncEngine): the retry rule's yardstick
-        # reads and checksums block a thread for milliseconds; two at a time is what two cores can use
+        # a pull holds a thread for its reads, checksums and pacing pauses (pacing.py); two at a time keeps all pulls
+        # together to twice --pull-share of a core: more threads would give more of the decode steps' core to pulls
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="kv-pull")
 
     def close(self) -> None:
