@@ -413,5 +413,27 @@ def test_mode_auto_switches_roles_in_place_under_load(split, offline):
     assert any(r == "RolesSwitched" for _, r, _ in split.k.events(NS, NAME)), split.k.events(NS, NAME)
     poll(lambda: (split.k.status(NS, NAME).get("disaggregation") or {}).get("prefill", {}).get("readyReplicas") == 1,
          30, "status counting one prefill pod", diagnose)
+    # The tuner's split with a budget of the prefill pods' own, written as the tuner writes it (tuning.mode auto,
+    # status.scheduler from the tuner; no tuner runs here): the prefill pod runs it as budget and chunk, the decode
+    # pod the budget and chunk beside it, each acknowledged in its role's status.
+    split.k.patch(NAME, {"spec": {"tuning": {"mode": "auto"}}}, NS)
+    generation = int(split.k.status(NS, NAME)["knobs"]["generation"]) + 100
+    split.k.patch(NAME, {"status": {"scheduler": {"tokenBudget": TOKEN_BUDGET, "maxChunk": MAX_CHUNK // 2,
+                                                  "source": "tuner", "generation": generation, "prefillPods": 1,
+                                                  "prefillTokenBudget": 256}}}, NS, status=True)
+    prefill_ip, decode_ip = back["prefill"].status.pod_ip, back["decode"].status.pod_ip
+
+    def runs(ip: str, budget: int, chunk: int) -> bool:
+        return (metric(ip, m.SCHEDULER_TOKEN_BUDGET), metric(ip, m.SCHEDULER_MAX_CHUNK),
+                metric(ip, m.SCHEDULER_GENERATION)) == (budget, chunk, generation)
+    poll(lambda: runs(prefill_ip, 256, 256) and runs(decode_ip, TOKEN_BUDGET, MAX_CHUNK // 2), 60,
+         "the prefill pod at the tuner's prefill budget, the decode pod at its budget and chunk", split.diagnose)
+
+    def recorded() -> dict | None:
+        roles = split.k.status(NS, NAME)["disaggregation"]
+        return roles if (roles["prefill"].get("knobs") or {}).get("tokenBudget") == 256 else None
+    role_knobs = poll(recorded, 30, "status.disaggregation recording the prefill pod's knobs", split.diagnose)
+    assert (role_knobs["prefill"]["knobs"]["source"], role_knobs["prefill"]["appliedReplicas"]) == ("tuner", 1)
+    assert role_knobs["decode"]["knobs"]["maxChunk"] == MAX_CHUNK // 2
     print(f"\nmode auto: roles switched in place twice under load, {len(load.done)} streams, all equal to the offline "
           f"engine's; from the spec's patch: " + ", ".join(f"{k} {v:.1f} s" for k, v in took.items()))

@@ -422,9 +422,27 @@ def test_the_tuners_threshold_goes_to_the_decode_pods_alone():
     plain = disaggregated({"mode": "off"})
     plain.status.scheduler = obj.status.scheduler
     assert t.desired_knobs(plain) == (SchedulerKnobs(256, 32, 10), "tuner")
-    # status' dump leaves the field out where it is not set (status.scheduler of every other resource as before)
-    assert "disaggThreshold" not in t.SchedulerStatus.of(t.Knobs(256, 32), source="tuner", generation=1).model_dump(
-        by_alias=True, exclude_none=True)
+    # status' dump leaves the fields out where they are not set (status.scheduler of every other resource as before)
+    assert not {"disaggThreshold", "prefillPods", "prefillTokenBudget"} & t.SchedulerStatus.of(
+        t.Knobs(256, 32), source="tuner", generation=1).model_dump(by_alias=True, exclude_none=True).keys()
+
+
+def test_the_tuners_prefill_budget_goes_to_the_prefill_pods_alone():
+    obj = disaggregated({**ON, "mode": "auto"})
+    obj.status.scheduler = t.SchedulerStatus.of(t.Knobs(256, 32, 512, 1, 1024), source="tuner", generation=9)
+    assert obj.status.scheduler.model_dump(by_alias=True)["prefillTokenBudget"] == 1024
+    # the prefill pods: the tuner's budget as their chunk too, under the tuner's generation; no threshold
+    assert t.desired_knobs(obj, "prefill") == (SchedulerKnobs(1024, 1024, 9), "tuner")
+    assert t.desired_knobs(obj, "decode") == (SchedulerKnobs(256, 32, 9, 512), "tuner")
+    # the tuner back on colocated (no prefill budget): the prefill role's own knobs again, under a newer generation
+    obj.status.scheduler = t.SchedulerStatus.of(t.Knobs(256, 32, DISAGG_NEVER, 0), source="tuner", generation=10)
+    assert t.desired_knobs(obj, "prefill") == (SchedulerKnobs(128, 64, 2 + 10), "spec")
+    # out of auto (mode on: the spec's split and its roles' knobs), a budget left in status is not delivered
+    on = disaggregated(ON)
+    on.status.scheduler = t.SchedulerStatus.of(t.Knobs(256, 32, 512, 1, 1024), source="tuner", generation=11)
+    assert t.desired_knobs(on, "prefill") == (SchedulerKnobs(128, 64, 2 + 11), "spec")
+    with pytest.raises(ValidationError, match="prefillTokenBudget"):
+        t.SchedulerStatus.model_validate({"tokenBudget": 256, "maxChunk": 32, "prefillTokenBudget": 0})
 
 
 def test_the_tuners_wait_counts_each_pod_at_its_roles_knobs():

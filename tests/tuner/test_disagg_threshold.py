@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from chunkpilot.api.types import SchedulerStatus
 from chunkpilot.contract.knobs import DISAGG_NEVER, SchedulerKnobs, dumps_knobs, parse_knobs, threshold_text
 from chunkpilot.contract.slo import LatencyTarget, SLOTargets
 from chunkpilot.tuner import reasons
@@ -388,21 +389,30 @@ def test_the_split_is_searched_with_the_threshold_and_never_runs_on_no_prefill_p
     assert space.splits == (1, 2) and SPLIT_SPACE.splits == ()  # no pod count: not searched
     never = len(space.thresholds) - 1
     assert space.knobs(0, 0, never, 1).prefill_pods == 0  # colocated: every pod serves clients
-    assert space.knobs(0, 0, 3, 1) == Knobs(32, 32, 128, 2)
-    assert space.colocated(Knobs(128, 64, 256, 2)) == Knobs(128, 64, DISAGG_NEVER, 0)
-    assert space.clamp(Knobs(128, 64, 256, 9)) == Knobs(128, 64, 256, 2)
-    assert space.clamp(Knobs(128, 64, 256)) == Knobs(128, 64, 256, 1)
+    # the prefill pods' budget (their chunk too): an octave grid over the budget bounds, the largest by default
+    assert space.prefill_budgets == (32, 64, 128, 256, 512, 1024, 2048) and SPLIT_SPACE.prefill_budgets == ()
+    assert space.knobs(0, 0, 3, 1) == Knobs(32, 32, 128, 2, 2048)
+    assert space.knobs(0, 0, 3, 1, 2).prefill_knobs == Knobs(128, 128)
+    assert space.knobs(0, 0, never, 1, 2).prefill_budget is None  # no prefill pod runs one
+    assert space.colocated(Knobs(128, 64, 256, 2, 512)) == Knobs(128, 64, DISAGG_NEVER, 0)
+    assert space.clamp(Knobs(128, 64, 256, 9)) == Knobs(128, 64, 256, 2, 2048)
+    assert space.clamp(Knobs(128, 64, 256, 1, 8)) == Knobs(128, 64, 256, 1, 32)
+    assert space.clamp(Knobs(128, 64, 256)) == Knobs(128, 64, 256, 1, 2048)
     assert space.clamp(Knobs(128, 64)) == Knobs(128, 64, None, 0)
-    assert space.params(Knobs(128, 64, 256, 2))["split_index"] == 1
-    # every finite threshold on each split, and never once
-    assert len(space.all_knobs()) == len(space.pairs()) * ((len(space.thresholds) - 1) * 2 + 1)
+    assert space.params(Knobs(128, 64, 256, 2, 512)) | {"budget_index": 0, "chunk_index": 0} == {
+        "budget_index": 0, "chunk_index": 0, "threshold_index": 4, "split_index": 1, "prefill_index": 4}
+    assert space.params(Knobs(128, 64, 256, 2))["prefill_index"] == 6
+    # every finite threshold on each split at each prefill budget, and never once
+    assert len(space.all_knobs()) == len(space.pairs()) * ((len(space.thresholds) - 1) * 2 * 7 + 1)
     assert reasons.holding(Knobs(128, 64, 256, 1)).endswith("threshold 256 on 1 prefill pod")
-    assert Knobs(128, 64, 256, 2).budget_and_chunk == Knobs(128, 64)
-    # the split is one more column of the record, where it is searched
-    entry = HistoryEntry(0, WindowKind.COMPLETE, Knobs(128, 64, 256, 2), True, window(Knobs(128, 64)))
-    assert entry.to_dict()["prefill_pods"] == 2 and HistoryEntry.from_dict(entry.to_dict()).knobs == entry.knobs
-    assert "prefill_pods" not in HistoryEntry(0, WindowKind.COMPLETE, Knobs(128, 64), True,
-                                              window(Knobs(128, 64))).to_dict()
+    assert reasons.holding(Knobs(128, 64, 256, 1, 512)).endswith("threshold 256 on 1 prefill pod at 512/512")
+    assert Knobs(128, 64, 256, 2, 512).budget_and_chunk == Knobs(128, 64)
+    # the split and its budget are more columns of the record, where they are searched
+    entry = HistoryEntry(0, WindowKind.COMPLETE, Knobs(128, 64, 256, 2, 512), True, window(Knobs(128, 64)))
+    assert entry.to_dict()["prefill_pods"] == 2 and entry.to_dict()["prefill_budget"] == 512
+    assert HistoryEntry.from_dict(entry.to_dict()).knobs == entry.knobs
+    assert not {"prefill_pods", "prefill_budget"} & HistoryEntry(0, WindowKind.COMPLETE, Knobs(128, 64), True,
+                                                                  window(Knobs(128, 64))).to_dict().keys()
 
 
 class PodSplitFake(SplitFake):
@@ -429,7 +439,7 @@ def test_the_tuner_chooses_how_many_pods_prefill():
     best = study.best()
     assert best.feasible and best.knobs.prefill_pods == 1 and best.knobs.disagg_threshold < PROMPT
     assert fake.knobs == best.knobs
-    assert loop.state.reason.endswith("on 1 prefill pod")
+    assert f"on 1 prefill pod at {best.knobs.prefill_budget}/" in loop.state.reason
     state = TunerState(mode="auto", best=best, current=best.knobs)
     assert status_tuning(state, SLO, "goodput").best.prefill_pods == 1
 
@@ -437,12 +447,12 @@ def test_the_tuner_chooses_how_many_pods_prefill():
 def test_of_two_splits_with_equal_goodput_the_one_with_fewer_prefill_pods_is_kept():
     study = TunerStudy(":memory:", "ns/pods", PODS_SPACE, SLO, "goodput", seed=0)
     same = window(Knobs(128, 128))
-    for knobs in (Knobs(128, 128, 256, 2), Knobs(128, 128, 256, 1)):
+    for knobs in (Knobs(128, 128, 256, 2, 2048), Knobs(128, 128, 256, 1, 2048)):
         study.enqueue(knobs, TrialKind.PREDICTED)
         trial, asked = study.ask()
         assert asked == knobs
         study.tell(trial, same)
-    assert study.best().knobs == Knobs(128, 128, 256, 1)  # one more pod serving clients
+    assert study.best().knobs == Knobs(128, 128, 256, 1, 2048)  # one more pod serving clients
 
 
 def test_the_tuner_writes_its_split_and_waits_for_the_pods_to_serve_in_it():
@@ -467,8 +477,19 @@ def test_the_tuner_writes_its_split_and_waits_for_the_pods_to_serve_in_it():
     # at most all ready pods but one: with two ready, one prefill pod is the split applied
     assert split_applied({"disaggregation": {"prefill": {"readyReplicas": 1}}}, 2, 2)
     assert split_applied({}, None, 3)
+    # with the prefill pods' own budget: written beside the split, and waited for on the prefill pods alone
+    generation = actuator.apply(Knobs(256, 32, 512, 1, 1024))
+    assert kube.patches[-1]["scheduler"]["prefillTokenBudget"] == 1024
+    decode = {"tokenBudget": 256, "maxChunk": 32, "generation": generation, "disaggThreshold": 512}
+    prefill = {"pod": "c", "role": "prefill", "tokenBudget": 2048, "maxChunk": 2048, "generation": generation - 1}
+    kube.raw["status"] |= {"knobs": {**decode, "pods": [{"pod": p, "role": "decode", **decode} for p in "ab"] + [prefill]},
+                           "disaggregation": {"prefill": {"readyReplicas": 1}, "decode": {"readyReplicas": 2}}}
+    assert not actuator.applied(generation)  # the prefill pod still runs the spec's knobs
+    prefill |= {"tokenBudget": 1024, "maxChunk": 1024, "generation": generation}
+    assert actuator.applied(generation)
     actuator.apply(Knobs(256, 32))
     assert kube.patches[-1]["scheduler"]["prefillPods"] is None
+    assert kube.patches[-1]["scheduler"]["prefillTokenBudget"] is None
 
 
 # ---- guided, with no colocated knobs predicted feasible: the splits are explored --------------------------------
@@ -513,3 +534,29 @@ def test_guided_with_no_colocated_knobs_feasible_the_tuner_finds_the_split_that_
     best = study.best()
     assert best.feasible and not best.knobs.colocated and best.knobs.disagg_threshold < fake.prompt
     assert fake.knobs == best.knobs
+
+
+class PrefillBudgetFake(SplitFake):
+    """The split pays (see split_window), but only where the prefill pods take a prompt in steps of 256 tokens or
+    more: below that, every prompt queues behind the others' small chunks and the TTFT breaches its SLO."""
+
+    def measure(self, seconds):
+        w = split_window(self.knobs, "pays", self.rate, seconds, self.prompt, self.slo)
+        if not self.knobs.colocated and self.knobs.prefill_budget < 256:
+            w = Window(**{**w.to_dict(), "ttft": 2.5, "goodput": self.rate * 0.5})
+        return w
+
+
+def test_the_tuner_chooses_the_prefill_pods_budget_by_the_clients_ttft():
+    fake = PrefillBudgetFake("pays", start=Knobs(128, 128))
+    settings = TunerSettings(window=60, warmup=5, max_trials=12, min_requests=20)
+    study = TunerStudy(":memory:", "ns/prefill-budget", PODS_SPACE, SLO, settings.objective, seed=2)
+    loop = TunerLoop(settings, PODS_SPACE, study, fake, fake, fake, SLO)
+    run_until_exploiting(loop, 40)
+    budgets = {r.knobs.prefill_budget for r in study.records() if r.knobs is not None and not r.knobs.colocated}
+    assert min(budgets) < 256 <= max(budgets), study.records()  # both sides measured (else this proves nothing)
+    best = study.best()
+    assert best.feasible and not best.knobs.colocated and best.knobs.prefill_budget >= 256
+    assert fake.knobs == best.knobs
+    status = SchedulerStatus.of(best.knobs, source="tuner", generation=7)
+    assert status.knobs == best.knobs and status.prefill_token_budget == best.knobs.prefill_budget

@@ -531,15 +531,22 @@ class SchedulerStatus(_Model):
         description="Disaggregation mode auto with tuning mode auto: how many of the pods the tuner chose to serve as "
                     "prefill pods, the rest decode (0: colocated); the operator switches roles to match, at most all "
                     "pods but one. Absent: disaggregation.prefill.replicas.")
+    prefill_token_budget: int | None = Field(
+        None, alias="prefillTokenBudget", ge=1,
+        description="Disaggregation mode auto with tuning mode auto, on a split: the token budget the tuner chose for "
+                    "the prefill pods, which is their max chunk too (tokenBudget and maxChunk go to the decode "
+                    "pods). Absent: the prefill pods run disaggregation.prefill.knobs, else spec.scheduler.")
 
     @classmethod
     def of(cls, knobs: Knobs, *, source: str, generation: int) -> "SchedulerStatus":
         return cls(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk, source=source, generation=generation,
-                   disagg_threshold=knobs.disagg_threshold, prefill_pods=knobs.prefill_pods)
+                   disagg_threshold=knobs.disagg_threshold, prefill_pods=knobs.prefill_pods,
+                   prefill_token_budget=knobs.prefill_budget)
 
     @property
     def knobs(self) -> Knobs:
-        return Knobs(self.token_budget, self.max_chunk, self.disagg_threshold, self.prefill_pods)
+        return Knobs(self.token_budget, self.max_chunk, self.disagg_threshold, self.prefill_pods,
+                     self.prefill_token_budget)
 
 
 class PodKnobs(_Model):
@@ -579,11 +586,14 @@ class KnobsStatus(_Model):
     def scheduler_knobs(self) -> SchedulerKnobs:
         return SchedulerKnobs(self.token_budget, self.max_chunk, self.generation, self.disagg_threshold)
 
-    def applied_everywhere(self, knobs: SchedulerKnobs, ready_replicas: int) -> bool:
-        """Every ready pod acknowledged exactly `knobs` (values and generation) as its role runs them
-        (a prefill pod runs its role's own knobs, not the tuner's: desired_knobs): the tuner's wait."""
+    def applied_everywhere(self, knobs: SchedulerKnobs, ready_replicas: int,
+                           prefill: SchedulerKnobs | None = None) -> bool:
+        """Every ready pod acknowledged exactly `knobs` (values and generation) as its role runs them: the tuner's
+        wait. A prefill pod runs its role's own knobs (desired_knobs): `prefill` where the tuner chose them, else
+        whatever the spec gives it."""
         return (self.scheduler_knobs == knobs and len(self.pods) >= max(1, ready_replicas)
-                and all(p.scheduler_knobs == knobs for p in self.pods if p.role != "prefill"))
+                and all(p.scheduler_knobs == knobs for p in self.pods if p.role != "prefill")
+                and (prefill is None or all(p.scheduler_knobs == prefill for p in self.pods if p.role == "prefill")))
 
 
 class KnobsMeasurement(_Model):
@@ -595,6 +605,9 @@ class KnobsMeasurement(_Model):
     prefill_pods: int | None = Field(None, alias="prefillPods", ge=0,
                                      description="Pods serving as prefill pods, where the tuner searches the split "
                                                  "(0: colocated).")
+    prefill_token_budget: int | None = Field(None, alias="prefillTokenBudget", ge=1,
+                                             description="The prefill pods' token budget and max chunk, where the "
+                                                         "tuner searches the split.")
     objective: float | None = Field(None, description="Objective value measured.")
     ttft_seconds: float | None = Field(None, alias="ttftSeconds", description="Measured TTFT at the SLO percentile.")
     itl_seconds: float | None = Field(None, alias="itlSeconds", description="Measured ITL at the SLO percentile.")
@@ -708,18 +721,22 @@ def desired_knobs(obj: InferenceDeployment,
 
     With `role` (a disaggregated deployment's prefill or decode pods), the spec's knobs are the role's own
     (spec.disaggregation.<role>.knobs) where it has them, under the same generation (they are part of the spec);
-    the tuner's, once chosen, go to the decode pods alone: the tuner measures the clients' TTFT and ITL on the
-    decode pods and chose its budget and chunk (and, in disaggregation mode auto, the threshold) for them; a prefill
-    pod computes prompts alone, and its role's own knobs (a large chunk, for its throughput) hold. The spec's knobs
-    carry no threshold: the pods' start-up --disagg-threshold (spec.disaggregation.threshold) holds until the tuner
-    chooses one."""
+    the tuner's budget and chunk, once chosen, go to the decode pods: the tuner measures the clients' TTFT and ITL
+    on the decode pods and chose them (and, in disaggregation mode auto, the threshold) for them. A prefill pod
+    computes prompts alone: in disaggregation mode auto, the tuner's prefill budget (status.scheduler.
+    prefillTokenBudget, budget and chunk alike) where it chose one for a split; otherwise its role's own knobs (a
+    large chunk, for its throughput). The spec's knobs carry no threshold: the pods' start-up --disagg-threshold
+    (spec.disaggregation.threshold) holds until the tuner chooses one."""
     st = obj.status.scheduler
-    if obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner" and role != "prefill":
+    d = obj.spec.disaggregation
+    tuned = obj.spec.tuning.mode == "auto" and st is not None and st.source == "tuner"
+    if tuned and role != "prefill":
         knobs = SchedulerKnobs.of(st.knobs, st.generation)
-        d = obj.spec.disaggregation
         if d is None or d.mode != "auto":  # a threshold left from an earlier auto: the spec's threshold holds now
             knobs = SchedulerKnobs(knobs.token_budget, knobs.max_chunk, knobs.generation)
         return knobs, "tuner"
+    if tuned and d is not None and d.mode == "auto" and st.knobs.prefill_knobs is not None:
+        return SchedulerKnobs.of(st.knobs.prefill_knobs, st.generation), "tuner"
     generation = int(obj.metadata.get("generation") or 0) + (st.generation if st is not None else 0)
     scheduler = obj.spec.scheduler
     if role is not None and obj.spec.disaggregation is not None:

@@ -36,22 +36,31 @@ class Knobs:
     generation (SchedulerKnobs), the API's SchedulerSpec and SchedulerStatus convert with `.knobs` and
     `SchedulerStatus.of`.
 
-    `disagg_threshold` and `prefill_pods` are set only where the tuner searches them (spec.disaggregation.mode
-    auto with tuning.mode auto): the uncached prompt tokens above which the decode pods send a prompt to a prefill
-    pod, DISAGG_NEVER for colocated, and how many of the resource's pods serve as prefill pods (0 with
-    DISAGG_NEVER: every pod serves clients). None everywhere else, so every other resource's knobs are the two
-    numbers as before (equal, hashed and stored alike)."""
+    `disagg_threshold`, `prefill_pods` and `prefill_budget` are set only where the tuner searches them
+    (spec.disaggregation.mode auto with tuning.mode auto): the uncached prompt tokens above which the decode pods
+    send a prompt to a prefill pod, DISAGG_NEVER for colocated; how many of the resource's pods serve as prefill
+    pods (0 with DISAGG_NEVER: every pod serves clients); and the prefill pods' own token budget, which is also
+    their max chunk (a prefill pod carries no decode whose gaps a smaller chunk would protect, so its one trade is
+    a step's size against how long a short prompt waits behind a long one's chunk), None at DISAGG_NEVER (no
+    prefill pod runs it). None everywhere else, so every other resource's knobs are the two numbers as before
+    (equal, hashed and stored alike)."""
 
     token_budget: int
     max_chunk: int
     disagg_threshold: int | None = None
     prefill_pods: int | None = None
+    prefill_budget: int | None = None
 
     @property
     def budget_and_chunk(self) -> "Knobs":
         """The two scheduler numbers alone: what the step-time model predicts from (it knows no remote prefill)."""
-        searched = self.disagg_threshold is not None or self.prefill_pods is not None
+        searched = (self.disagg_threshold, self.prefill_pods, self.prefill_budget) != (None, None, None)
         return Knobs(self.token_budget, self.max_chunk) if searched else self
+
+    @property
+    def prefill_knobs(self) -> "Knobs | None":
+        """What the prefill pods run at these knobs, where the tuner chose it: the budget as the chunk too."""
+        return None if self.prefill_budget is None else Knobs(self.prefill_budget, self.prefill_budget)
 
     @property
     def colocated(self) -> bool:

@@ -189,6 +189,8 @@ class StatusWriter:
                 scheduler["disaggThreshold"] = None
             if knobs.prefill_pods is None and st is not None and st.prefill_pods is not None:
                 scheduler["prefillPods"] = None
+            if knobs.prefill_budget is None and st is not None and st.prefill_token_budget is not None:
+                scheduler["prefillTokenBudget"] = None
             return {"scheduler": scheduler}
         self._read_modify_write(patch, "knobs", attempts)
         return generation
@@ -216,7 +218,9 @@ class StatusActuator:
         except ValidationError:  # none yet (the operator has not delivered since) or unreadable: not applied
             return False
         ready = int(status.get("readyReplicas") or 0)
-        return knobs.applied_everywhere(SchedulerKnobs.of(self._knobs, generation), ready) and \
+        prefill = self._knobs.prefill_knobs
+        return knobs.applied_everywhere(SchedulerKnobs.of(self._knobs, generation), ready,
+                                        None if prefill is None else SchedulerKnobs.of(prefill, generation)) and \
             split_applied(status, self._knobs.prefill_pods, ready)
 
     def current(self) -> Knobs:

@@ -98,6 +98,7 @@ class HistoryEntry:
                 # only where the threshold is searched: every other entry keeps the shape its readers know
                 **({} if self.knobs.disagg_threshold is None else {"disagg_threshold": self.knobs.disagg_threshold}),
                 **({} if self.knobs.prefill_pods is None else {"prefill_pods": self.knobs.prefill_pods}),
+                **({} if self.knobs.prefill_budget is None else {"prefill_budget": self.knobs.prefill_budget}),
                 "feasible": self.feasible, **self.window.to_dict(),
                 **(self.forecast.to_dict() if self.forecast is not None else {}),
                 **(self.screening.to_dict() if self.screening is not None else {})}
@@ -109,5 +110,5 @@ class HistoryEntry:
             d.get("step_model_error"))
         screening = Screening(d["allowed"], d.get("feasible_knobs")) if "allowed" in d else None
         return cls(epoch=d["epoch"], kind=WindowKind(d["kind"]), knobs=Knobs(d["token_budget"], d["max_chunk"], d.get("disagg_threshold"),
-                                                                     d.get("prefill_pods")),
+                                                                     d.get("prefill_pods"), d.get("prefill_budget")),
                    feasible=d["feasible"], window=window_of(d), forecast=forecast, screening=screening)

@@ -295,7 +295,8 @@ class TunerLoop:
             return knobs
         best = self.study.best()
         return self.space.colocated(knobs) if best is None or best.knobs.colocated else \
-            Knobs(knobs.token_budget, knobs.max_chunk, best.knobs.disagg_threshold, best.knobs.prefill_pods)
+            Knobs(knobs.token_budget, knobs.max_chunk, best.knobs.disagg_threshold, best.knobs.prefill_pods,
+                  best.knobs.prefill_budget)
 
     def _choice_memory(self) -> choice.Memory:
         """What choice.choose depends on, read from the study and the recorded windows now. With a searched

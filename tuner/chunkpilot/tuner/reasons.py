@@ -15,6 +15,8 @@ def knobs_words(knobs: Knobs) -> str:
     if knobs.disagg_threshold is None:  # every resource but disaggregation auto: the two numbers, as always
         return f"{knobs.token_budget}/{knobs.max_chunk}"
     split = "" if knobs.prefill_pods is None else f" on {knobs.prefill_pods} prefill pod{_s(knobs.prefill_pods)}"
+    if knobs.prefill_budget is not None:
+        split += f" at {knobs.prefill_budget}/{knobs.prefill_budget}"
     return (f"{knobs.token_budget}/{knobs.max_chunk} with disaggregation threshold "
             f"{threshold_text(knobs.disagg_threshold)}{split}")
 

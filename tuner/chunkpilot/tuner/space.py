@@ -13,7 +13,13 @@ the same Optuna parameters, the same draws, the same knobs as before.
 
 The split is a fourth ordinal index, over 1 .. pods - 1 prefill pods (the operator switches pods' roles while they
 serve, operator/role_split.py): a finite threshold runs on that many prefill pods, "never" on none (colocated: a
-prefill pod with nothing to prefill would be a pod lost to the clients)."""
+prefill pod with nothing to prefill would be a pod lost to the clients).
+
+With the split comes a fifth ordinal index: the prefill pods' own token budget, which is their max chunk too, one
+point per octave over the spec's budget bounds (the largest kept). A prefill pod carries no decode whose gaps a
+small chunk would protect; its step's size trades the throughput of its prompts against how long a prompt waits
+behind another's chunk, and the clients' TTFT, measured on the decode pods as for every trial, judges that. At
+"never" it is unused (no prefill pod), as the split's index is."""
 
 from __future__ import annotations
 
@@ -35,12 +41,18 @@ def threshold_grid(lo: int, hi: int) -> tuple[int, ...]:
     trials on splits that route the same prompts."""
     if lo < 1 or hi < lo:
         raise ValueError(f"threshold bounds must satisfy 1 <= min <= max, got [{lo}, {hi}]")
+    return (*octaves(lo, min(hi, DISAGG_NEVER - 1)), DISAGG_NEVER)
+
+
+def octaves(lo: int, hi: int) -> tuple[int, ...]:
+    """lo, 2 lo, 4 lo, ... below hi, then hi: the prefill pods' budgets (a step's size matters by its octave)."""
+    if lo < 1 or hi < lo:
+        raise ValueError(f"bounds must satisfy 1 <= min <= max, got [{lo}, {hi}]")
     out, v = [], lo
     while v < hi:
         out.append(v)
         v *= 2
-    out.append(min(hi, DISAGG_NEVER - 1))
-    return (*out, DISAGG_NEVER)
+    return (*out, hi)
 
 
 def log_grid(lo: int, hi: int, step: int, points_per_octave: int = 4) -> list[int]:
@@ -62,6 +74,7 @@ class SearchSpace:
     chunks: tuple[int, ...]
     thresholds: tuple[int, ...] = ()  # empty: the threshold is not searched (knobs carry None)
     splits: tuple[int, ...] = ()  # prefill pods a split may run on (1 .. pods - 1); empty: the split is not searched
+    prefill_budgets: tuple[int, ...] = ()  # the prefill pods' budget (= chunk) on a split; searched with the split
 
     @classmethod
     def from_bounds(cls, budget: tuple[int, int], chunk: tuple[int, int], step: int = 16,
@@ -70,16 +83,19 @@ class SearchSpace:
         """`pods`: the resource's pod count, whose split between the roles is searched with the threshold."""
         splits = tuple(range(1, pods)) if threshold is not None and pods is not None and pods >= 2 else ()
         return cls(tuple(log_grid(*budget, step, points_per_octave)), tuple(log_grid(*chunk, step, points_per_octave)),
-                   () if threshold is None else threshold_grid(*threshold), splits)
+                   () if threshold is None else threshold_grid(*threshold), splits,
+                   octaves(*budget) if splits else ())
 
     def knobs(self, budget_index: int, chunk_index: int, threshold_index: int | None = None,
-              split_index: int | None = None) -> Knobs:
+              split_index: int | None = None, prefill_index: int | None = None) -> Knobs:
         b = self.budgets[budget_index]
         t = None if threshold_index is None or not self.thresholds else self.thresholds[threshold_index]
-        p = None
+        p = pb = None
         if self.splits:
             p = 0 if t is None or t >= DISAGG_NEVER else self.splits[split_index or 0]
-        return Knobs(b, min(b, self.chunks[chunk_index]), t, p)
+            # no index (a caller that does not search it): the largest, a prefill pod's throughput
+            pb = None if p == 0 else self.prefill_budgets[-1 if prefill_index is None else prefill_index]
+        return Knobs(b, min(b, self.chunks[chunk_index]), t, p, pb)
 
     def params(self, k: Knobs) -> dict[str, int]:
         """The Optuna parameters of the grid point nearest to k (used to enqueue known knobs, e.g. the incumbent or
@@ -90,15 +106,17 @@ class SearchSpace:
         if self.thresholds:  # knobs without one (the start-up knobs) are taken as colocated, the safe end
             t = DISAGG_NEVER if k.disagg_threshold is None else k.disagg_threshold
             out["threshold_index"] = int(np.argmin([abs(np.log(v / max(1, t))) for v in self.thresholds]))
-        if self.splits:  # colocated (0) is the threshold's "never"; its split index is any
+        if self.splits:  # colocated (0) is the threshold's "never"; its split and prefill budget indices are any
             out["split_index"] = int(np.argmin([abs(p - (k.prefill_pods or 1)) for p in self.splits]))
+            pb = k.prefill_budget or self.prefill_budgets[-1]
+            out["prefill_index"] = int(np.argmin([abs(np.log(v / pb)) for v in self.prefill_budgets]))
         return out
 
     def colocated(self, k: Knobs) -> Knobs:
         """k's budget and chunk with no prompt sent to a prefill pod, and every pod serving clients: the reference
         a split must beat."""
         return Knobs(k.token_budget, k.max_chunk, DISAGG_NEVER if self.thresholds else None,
-                     0 if self.splits else None)
+                     0 if self.splits else None)  # and no prefill pod, so no prefill budget
 
     def clamp(self, k: Knobs) -> Knobs:
         b = min(max(k.token_budget, self.budgets[0]), self.budgets[-1])
@@ -106,10 +124,13 @@ class SearchSpace:
         t = k.disagg_threshold
         if self.thresholds and t is not None:
             t = min(max(t, self.thresholds[0]), DISAGG_NEVER)
-        p = None
+        p = pb = None
         if self.splits:
             p = 0 if t is None or t >= DISAGG_NEVER else min(max(k.prefill_pods or 1, 1), self.splits[-1])
-        return Knobs(b, c, t if self.thresholds else None, p)
+            if p:
+                pb = min(max(k.prefill_budget or self.prefill_budgets[-1], self.prefill_budgets[0]),
+                         self.prefill_budgets[-1])
+        return Knobs(b, c, t if self.thresholds else None, p, pb)
 
     def pairs(self) -> list[Knobs]:
         """Every distinct (token budget, max chunk), threshold None: what the step-time model judges."""
@@ -120,6 +141,8 @@ class SearchSpace:
         """Every distinct point (the exhaustive grid the benchmark compares against)."""
         if not self.thresholds:
             return self.pairs()
-        return sorted({self.clamp(Knobs(p.token_budget, p.max_chunk, t, s)) for p in self.pairs()
-                       for t in self.thresholds for s in (self.splits or (None,))},
-                      key=lambda k: (k.token_budget, k.max_chunk, k.disagg_threshold, k.prefill_pods or 0))
+        return sorted({self.clamp(Knobs(p.token_budget, p.max_chunk, t, s, pb)) for p in self.pairs()
+                       for t in self.thresholds for s in (self.splits or (None,))
+                       for pb in (self.prefill_budgets or (None,))},
+                      key=lambda k: (k.token_budget, k.max_chunk, k.disagg_threshold, k.prefill_pods or 0,
+                                     k.prefill_budget or 0))

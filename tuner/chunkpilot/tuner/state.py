@@ -60,6 +60,7 @@ def _measurement(knobs: Knobs, window: Window | dict | None, objective: float | 
     w = window.to_dict() if isinstance(window, Window) else (window or {})
     return KnobsMeasurement(token_budget=knobs.token_budget, max_chunk=knobs.max_chunk,
                             disagg_threshold=knobs.disagg_threshold, prefill_pods=knobs.prefill_pods,
+                            prefill_token_budget=knobs.prefill_budget,
                             objective=objective,
                             ttft_seconds=w.get("ttft"), itl_seconds=w.get("itl"), feasible=is_feasible)
 

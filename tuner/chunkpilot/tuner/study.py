@@ -75,7 +75,8 @@ class TrialRecord:
 def knobs_of(attrs: dict) -> Knobs:
     """The knobs a trial measured, from its attributes (study.ran writes them): the threshold only where the
     space searches it, so every other study's trials are stored and read as before."""
-    return Knobs(attrs["token_budget"], attrs["max_chunk"], attrs.get("disagg_threshold"), attrs.get("prefill_pods"))
+    return Knobs(attrs["token_budget"], attrs["max_chunk"], attrs.get("disagg_threshold"), attrs.get("prefill_pods"),
+                 attrs.get("prefill_budget"))
 
 
 def _constraints_of(trial: FrozenTrial) -> list[float]:
@@ -236,9 +237,13 @@ class TunerStudy:
                                  # exactly the two it always asked, so its seeded draws are unchanged
                                  trial.suggest_int("threshold_index", 0, len(self.space.thresholds) - 1)
                                  if self.space.thresholds else None,
-                                 # and a fourth where the split is searched too (a finite threshold's prefill pods)
+                                 # and a fourth where the split is searched too (a finite threshold's prefill pods),
+                                 # with a fifth, their budget (asked at "never" too, unused, as the split is: TPE
+                                 # models a space that stays the same from trial to trial)
                                  trial.suggest_int("split_index", 0, len(self.space.splits) - 1)
-                                 if self.space.splits else None)
+                                 if self.space.splits else None,
+                                 trial.suggest_int("prefill_index", 0, len(self.space.prefill_budgets) - 1)
+                                 if self.space.prefill_budgets else None)
         self.ran(trial, knobs)
         return trial, knobs
 
@@ -251,6 +256,8 @@ class TunerStudy:
             trial.set_user_attr("disagg_threshold", knobs.disagg_threshold)
         if knobs.prefill_pods is not None:
             trial.set_user_attr("prefill_pods", knobs.prefill_pods)
+        if knobs.prefill_budget is not None:
+            trial.set_user_attr("prefill_budget", knobs.prefill_budget)
 
     def tell(self, trial: optuna.Trial, window: Window, *, cut_short: bool = False) -> float:
         value = objective_value(window, self.objective)
