@@ -270,10 +270,16 @@ def test_metrics_parse_and_cover_every_name(server, client, tmp_path):
     samples = set()
     from prometheus_client.parser import text_string_to_metric_families
 
+    cache = []
     for fam in text_string_to_metric_families(text):
         samples.update(s.name for s in fam.samples)
         for s in fam.samples:
             assert s.labels.get("model_name") == "smollm2"
+        cache += [s for s in fam.samples if s.name == names.CACHE_CONFIG_INFO]
+    # vLLM's info gauge, which an endpoint picker sizes its prefix index from: one series, the engine's own numbers
+    assert len(cache) == 1 and cache[0].value == 1, cache
+    assert int(cache[0].labels["block_size"]) == 16 and int(cache[0].labels["num_gpu_blocks"]) > 0, cache
+    assert cache[0].labels["enable_prefix_caching"] == "True"
     # appear once a label value was used
     labelled_only = {names.REQUEST_SUCCESS, names.REQUESTS_REJECTED, names.SPEC_DECODE_ACCEPTED_PER_POS}
     for name in names.ALL_NAMES:

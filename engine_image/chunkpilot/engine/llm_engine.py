@@ -21,7 +21,7 @@ import torch
 
 from chunkpilot.contract.step_cost import step_features
 from chunkpilot.engine.config import EngineConfig
-from chunkpilot.engine.core.block_manager import BlockManager
+from chunkpilot.engine.core.block_manager import BlockManager, CacheConfig
 from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.core.outputs import RequestOutput, TokenLogprob
 from chunkpilot.engine.core.sampling_params import SamplingParams
@@ -291,6 +291,11 @@ class LLMEngine:
     def kv_pool(self) -> torch.Tensor:
         """The KV pool tensor, which a KV transport registers (kv_transfer/)."""
         return self.kv_cache.tensor
+
+    @property
+    def cache_config(self) -> CacheConfig:
+        """The KV cache as the endpoint picker and dashboards read it (chunkpilot:cache_config_info)."""
+        return self.block_manager.cache_config
 
     @property
     def num_running(self) -> int:

@@ -8,10 +8,12 @@ from prometheus_client.core import CounterMetricFamily
 
 # the names, re-exported: the engine's code and tests read them here, everyone else from the contract
 from chunkpilot.contract.metric_names import *  # noqa: F401,F403
-from chunkpilot.contract.metric_names import (ITERATION_TOKEN_BUCKETS, ITL_BUCKETS, MODEL_LABEL,
+from chunkpilot.contract.metric_names import (CACHE_CONFIG_INFO, CACHE_CONFIG_LABELS, ITERATION_TOKEN_BUCKETS,
+                                              ITL_BUCKETS, MODEL_LABEL,
                                               REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, one_two_five_buckets)
 from chunkpilot.contract.engine_settings import ROLES
 from chunkpilot.contract.step_cost import StepMoments
+from chunkpilot.engine.core.block_manager import CacheConfig
 
 # `*_created` series double the exposition and no dashboard or rule here uses them (vLLM drops them too).
 disable_created_metrics()
@@ -52,6 +54,9 @@ class EngineMetrics:
         self.running = gauge(NUM_RUNNING, "Requests running (holding KV blocks).")
         self.waiting = gauge(NUM_WAITING, "Requests waiting to be scheduled.")
         self.kv_usage = gauge(KV_CACHE_USAGE, "Fraction of KV-cache blocks in use (1 = full).")
+        self._cache_config = Gauge(CACHE_CONFIG_INFO, "The KV cache's configuration in labels (value 1): tokens per "
+                                   "block, blocks (on whichever device holds them), prefix caching.",
+                                   [MODEL_LABEL, *CACHE_CONFIG_LABELS], registry=r)
         self.prompt_tokens = counter(PROMPT_TOKENS, "Prompt tokens processed.")
         self.generation_tokens = counter(GENERATION_TOKENS, "Tokens generated.")
         self.preemptions = counter(PREEMPTIONS, "Sequences preempted (to be recomputed).")
@@ -136,6 +141,10 @@ class EngineMetrics:
 
     def kv_retry(self, reason: str):
         return self._kv_retries.labels(self.model_name, reason)
+
+    def publish_cache_config(self, cache: CacheConfig) -> None:
+        self._cache_config.labels(self.model_name, str(cache.block_size), str(cache.num_blocks),
+                                  str(cache.enable_prefix_caching)).set(1)
 
     def publish_role(self, role: str) -> None:
         for r in ROLES:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 from chunkpilot.engine.core.sequence import Sequence
 
@@ -26,6 +27,16 @@ def block_hash(parent: bytes | None, tokens: Seq[int], salt: bytes = b"") -> byt
 
 class NoFreeBlocksError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The KV cache's shape as others read it (vLLM's cache_config_info: an endpoint picker sizes its prefix index
+    by it)."""
+
+    block_size: int
+    num_blocks: int
+    enable_prefix_caching: bool
 
 
 class BlockManager:
@@ -46,6 +57,10 @@ class BlockManager:
         self.prefix_hits = 0  # of those, tokens found
 
     # ---- accounting -------------------------------------------------------------------------------------
+    @property
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(self.block_size, self.num_blocks, self.enable_prefix_caching)
+
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)
