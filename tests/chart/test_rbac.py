@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from ..conftest import service_account_user
+from ..operator import gie
 from ..operator.operator_proc import Cluster, operator, sample, tuner
 from ..waiting import eventually
 from .test_chart import docs, render
@@ -32,6 +33,14 @@ NOT_EXERCISED = {
                            "ServiceAccount on the real node)",
     ("networking.k8s.io", "networkpolicies", "delete"): "pruned only when an operator restarted without "
                                                         "--engine-network-policy finds one of its NetworkPolicies",
+    # what the endpoint picker's Role grants (spec.routing): the API server lets only a holder grant a permission
+    # (RBAC's escalation prevention), so the operator holds what it never uses itself
+    **{rule: "granted to spec.routing's endpoint picker, which only a holder may grant (escalation prevention)"
+       for rule in [("", "pods", "get"), ("", "pods", "watch"),
+                    ("inference.networking.k8s.io", "inferencepools", "list"),
+                    ("inference.networking.k8s.io", "inferencepools", "watch"),
+                    *(("inference.networking.x-k8s.io", r, v) for r in ("inferenceobjectives", "inferencemodelrewrites")
+                      for v in ("get", "list", "watch"))]},
 }
 SERVICE_MONITOR_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -83,8 +92,14 @@ def service_monitor_crd(control_plane):
     assert eventually(gone), "the ServiceMonitor CRD must be gone before other tests (they expect none)"
 
 
+@pytest.fixture
+def gie_crds(control_plane):
+    with gie.installed_crds(control_plane):
+        yield
+
+
 def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_accounts, service_monitor_crd,
-                                                          tmp_path):
+                                                          gie_crds, tmp_path):
     k = Cluster(control_plane.api())
     ns = k.namespace("rbac")
     mark = control_plane.audit_mark()
@@ -114,6 +129,7 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
                               and k.get("deployments", ns, "e-decode") is None
                               and k.get("deployments", ns, "e") is not None), op.log()
             assert eventually(lambda: k.get("inferencedeployments", ns, "d")["spec"]["replicas"] == 2, 60), tu.log()
+            routed_drift_and_removed(k, ns, op)
             # Someone edits what the operator owns: the next pass puts it back (a patch of each kind).
             svc = k.get("services", ns, "a")["spec"]["ports"][0]
             k.core.patch_namespaced_service("a", ns, {"spec": {"ports": [{"port": svc["port"], "targetPort": 1}]}})
@@ -154,6 +170,47 @@ def test_roles_equal_the_api_calls_of_operator_and_tuner(control_plane, chart_ac
     # the rules in the chart are literally these, no wildcards anywhere
     rules = [r for d in docs(render()) if d["kind"] == "ClusterRole" for r in d["rules"]]
     assert not [r for r in rules if "*" in yaml.safe_dump(r)]
+
+
+def routed_drift_and_removed(k: Cluster, ns: str, op) -> None:
+    """spec.routing (operator/routing.py): its objects made, each kind edited by someone and put back (a patch
+    each), then removed with routing (a delete each)."""
+    rbac = kubernetes.client.RbacAuthorizationV1Api(k.api)
+    pool = ("inference.networking.k8s.io", "v1", ns, "inferencepools", "r")
+    route = ("gateway.networking.k8s.io", "v1", ns, "httproutes", "r")
+
+    def get(fn, *args):
+        try:
+            return fn(*args)
+        except kubernetes.client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+    k.create(sample("r", ns, replicas=1, tuning={"mode": "off"}, routing={"gateway": {"name": "gw"}}))
+    assert eventually(lambda: get(k.custom.get_namespaced_custom_object, *route) is not None
+                      and k.get("deployments", ns, "r-epp") is not None, 60), op.log()
+    k.custom.patch_namespaced_custom_object(*pool, {"spec": {"endpointPickerRef": {"failureMode": "FailOpen"}}})
+    k.custom.patch_namespaced_custom_object(*route, {"spec": {"parentRefs": [{"name": "elsewhere"}]}})
+    rbac.patch_namespaced_role("r-epp", ns, {"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})
+    rbac.patch_namespaced_role_binding("r-epp", ns, {"subjects": [{"kind": "ServiceAccount", "name": "default",
+                                                                  "namespace": ns}]})
+    k.core.patch_namespaced_service_account("r-epp", ns, {"metadata": {"labels": {
+        "app.kubernetes.io/managed-by": "someone"}}})
+    k.patch("r", {"metadata": {"labels": {"poke": "1"}}}, ns)
+    assert eventually(lambda: k.custom.get_namespaced_custom_object(*pool)["spec"]["endpointPickerRef"][
+        "failureMode"] == "FailClose"
+        and k.custom.get_namespaced_custom_object(*route)["spec"]["parentRefs"][0]["name"] == "gw"
+        and len(rbac.read_namespaced_role("r-epp", ns).rules) == 3
+        and rbac.read_namespaced_role_binding("r-epp", ns).subjects[0].name == "r-epp"
+        and k.core.read_namespaced_service_account("r-epp", ns).metadata.labels[
+            "app.kubernetes.io/managed-by"] == "chunkpilot-operator", 60), op.log()
+    k.patch("r", {"spec": {"routing": None}}, ns)
+    assert eventually(lambda: get(k.custom.get_namespaced_custom_object, *pool) is None
+                      and get(k.custom.get_namespaced_custom_object, *route) is None
+                      and get(rbac.read_namespaced_role, "r-epp", ns) is None
+                      and get(rbac.read_namespaced_role_binding, "r-epp", ns) is None
+                      and get(k.core.read_namespaced_service_account, "r-epp", ns) is None
+                      and k.get("configmaps", ns, "r-epp") is None, 60), op.log()
 
 
 def test_a_verb_missing_from_the_role_shows_as_a_403_in_status(control_plane, chart_accounts, tmp_path):

@@ -16,13 +16,14 @@ from chunkpilot.lab.child_process import free_port, stop_process, wait_http_read
 
 class EngineServer:
     def __init__(self, model: str, log_dir: Path, *args: str, name: str = "smollm2", env: dict | None = None,
-                 port: int | None = None) -> None:
-        """`port`: one chosen beforehand (free_port), where another process must be told it first."""
+                 port: int | None = None, host: str = "127.0.0.1") -> None:
+        """`port`: one chosen beforehand (free_port), where another process must be told it first; `host`: another
+        loopback address, where a test gives the engine a fixed port (a pod's) that 127.0.0.1 may have taken."""
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.name = name
         self.log_path = log_dir / f"server-{self.port}.log"
-        cmd = [sys.executable, "-m", "chunkpilot.cli.main", "engine", "serve", "--model", model, "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "chunkpilot.cli.main", "engine", "serve", "--model", model, "--host", host,
                "--port", str(self.port), "--served-model-name", name, "--log-level", "warning", *args]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})

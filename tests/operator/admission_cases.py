@@ -116,4 +116,13 @@ CASES = [
                                "autoscaling": {"mode": "recommend", "minReplicas": 1, "maxReplicas": 2}}, False),
     ("disagg-transport", {"disaggregation": {"mode": "on", "transport": "tcp"}}, False),
     ("disagg-lease-zero", {"disaggregation": {"mode": "on", "leaseSeconds": 0}}, False),
+    # prefix- and load-aware routing (spec.routing): the picker's weights, the Gateway's reference
+    ("routing", {"routing": {}}, True),
+    ("routing-gateway", {"routing": {"scorerWeights": {"prefix": 5, "queue": 0},
+                                     "gateway": {"name": "inference-gateway", "namespace": "gw",
+                                                 "sectionName": "http"}}}, True),
+    ("routing-no-scorer", {"routing": {"scorerWeights": {"prefix": 0, "queue": 0, "kvCache": 0}}}, False),
+    ("routing-negative-weight", {"routing": {"scorerWeights": {"prefix": -1}}}, False),
+    ("routing-gateway-bad-name", {"routing": {"gateway": {"name": "Inference_Gateway"}}}, False),
+    ("routing-disagg", {"routing": {}, **_disagg("on")}, False),
 ]

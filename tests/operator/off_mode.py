@@ -57,7 +57,8 @@ def fixtures() -> Iterator[tuple[str, InferenceDeployment, b.OperatorSettings]]:
             for label, settings in SETTINGS.items():
                 yield f"{path.name}/{'tuned' if tuned else 'spec'}/{label}", obj, settings
     for case, overrides, admitted in CASES:
-        if admitted and "disaggregation" not in overrides:  # the rows of the table before disaggregation
+        # the rows of the table before disaggregation (and routing, which adds objects and a pod label)
+        if admitted and not {"disaggregation", "routing"} & overrides.keys():
             raw = sample(case, "default", **overrides)
             raw["metadata"] |= {"uid": "5678-efgh", "generation": 1}
             yield f"admission/{case}", InferenceDeployment.model_validate(raw), admission_settings()

@@ -18,6 +18,10 @@ def run(
                                              "Default: all namespaces."),
     engine_image: str = typer.Option("ghcr.io/chunkpilot/engine:0.1.0", envvar="CHUNKPILOT_ENGINE_IMAGE",
                                      help="Engine image for InferenceDeployments that do not set spec.engine.image."),
+    epp_image: str = typer.Option("", envvar="CHUNKPILOT_EPP_IMAGE",
+                                  help="The Gateway API Inference Extension's endpoint picker image, for "
+                                       "InferenceDeployments with spec.routing (docs/routing.md). Default: the "
+                                       "v1.5.0 release's, from registry.k8s.io."),
     hf_download_image: str = typer.Option("", envvar="CHUNKPILOT_HF_DOWNLOAD_IMAGE",
                                           help="Image of the init container that downloads hf:// models; it runs "
                                                "`chunkpilot model download`. Default: the pod's engine image."),
@@ -91,6 +95,7 @@ def run(
     """Watch InferenceDeployments and keep their Deployment, Service, knobs ConfigMap, PDB and ServiceMonitor
     as the spec (and the tuner) say. Uses the in-cluster service account, else $KUBECONFIG / ~/.kube/config."""
     from chunkpilot.operator.builders import OperatorSettings
+    from chunkpilot.operator.routing import EPP_IMAGE
     from chunkpilot.operator.handlers import OperatorConfig, run as run_operator
     from chunkpilot.operator.policy import Policy
 
@@ -146,7 +151,8 @@ def run(
         admin_token_key = secrets.token_hex(32)
     config = OperatorConfig(
         namespaces=names,
-        engine=OperatorSettings(engine_image=engine_image, hf_download_image=hf_download_image or None,
+        engine=OperatorSettings(engine_image=engine_image, epp_image=epp_image or EPP_IMAGE,
+                                hf_download_image=hf_download_image or None,
                                 hf_endpoint=hf_endpoint or None,
                                 startup_timeout_seconds=startup_timeout,
                                 engine_api_key_secret=engine_api_key_secret or None, policy=policy,

@@ -378,6 +378,65 @@ class DisaggregationSpec(_Model):
         return self.prefill if name == "prefill" else self.decode
 
 
+# Prefix- and load-aware routing (spec.routing) through the Gateway API Inference Extension (GIE): an InferencePool of
+# the resource's pods and an endpoint picker (EPP) a Gateway asks for every request (docs/routing.md).
+ENGINE_TYPE_LABEL = "inference.networking.k8s.io/engine-type"  # the EPP picks its metric names by this pod label
+ENGINE_TYPE = "chunkpilot"
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+ROUTING_WEIGHTS_RULE_MESSAGE = ("routing.scorerWeights leaves no scorer (all three are 0): give queue, kvCache or "
+                                "prefix a weight of 1 or more, or remove spec.routing to use the Service")
+ROUTING_WEIGHTS_RULE = ("(has(self.queue) ? self.queue : 2) + (has(self.kvCache) ? self.kvCache : 2) + "
+                        "(has(self.prefix) ? self.prefix : 3) > 0")
+
+
+class ScorerWeights(_Model):
+    """How much each of the endpoint picker's scorers counts when it ranks the pods for a request (GIE's default
+    profile: 2, 2, 3). 0 leaves a scorer out."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
+        (ROUTING_WEIGHTS_RULE, ROUTING_WEIGHTS_RULE_MESSAGE)))
+
+    queue: int = Field(2, ge=0, le=100, description="Fewer requests waiting (chunkpilot:num_requests_waiting) "
+                                                    "scores higher.")
+    kv_cache: int = Field(2, alias="kvCache", ge=0, le=100,
+                          description="More free KV cache (chunkpilot:kv_cache_usage_perc) scores higher.")
+    prefix: int = Field(3, ge=0, le=100, description="A pod that most likely holds the longest prefix of the "
+                                                     "prompt in its prefix cache (the picker's own index of what "
+                                                     "it sent where, sized from chunkpilot:cache_config_info) "
+                                                     "scores higher.")
+
+    @model_validator(mode="after")
+    def _some_scorer(self) -> "ScorerWeights":
+        if self.queue + self.kv_cache + self.prefix == 0:
+            raise ValueError(ROUTING_WEIGHTS_RULE_MESSAGE)
+        return self
+
+
+class GatewayRef(_Model):
+    """A Gateway (Envoy Gateway, kgateway, Istio, GKE) whose traffic for this model an HTTPRoute sends to the
+    resource's InferencePool."""
+
+    name: str = Field(..., pattern=_DNS_SUBDOMAIN, max_length=253, description="The Gateway's name.")
+    namespace: str | None = Field(None, pattern=_DNS_LABEL, max_length=63,
+                                  description="The Gateway's namespace (absent: the resource's).")
+    section_name: str | None = Field(None, alias="sectionName", pattern=_DNS_SUBDOMAIN, max_length=253,
+                                     description="One of the Gateway's listeners (absent: all of them).")
+
+
+class RoutingSpec(_Model):
+    """Prefix- and load-aware routing: the operator renders an InferencePool of the engine pods and an endpoint
+    picker for it; a Gateway that supports the Gateway API Inference Extension asks the picker which pod serves
+    each request. Without it the clients reach the pods through the Service, which picks one at random."""
+
+    scorer_weights: ScorerWeights = Field(default_factory=ScorerWeights, alias="scorerWeights",
+                                          description="The endpoint picker's scorers and their weights.")
+    gateway: GatewayRef | None = Field(None, description="Also an HTTPRoute from this Gateway to the pool (absent: "
+                                                         "route to the InferencePool yourself).")
+
+
 # What the engine cannot disaggregate yet, refused by the CRD's CEL (admission) and by the Python check below
 # (objects stored before the rule, and the operator's own parse), with one message each. The has() guards keep each
 # rule total where schema defaults were not filled in.
@@ -398,6 +457,9 @@ DISAGG_AUTOSCALING_RULE_MESSAGE = ("autoscaling sets spec.replicas, which a disa
                                    "pods): set autoscaling.mode to off, or disaggregation.mode to off")
 DISAGG_AUTOSCALING_RULE = (f"!({_DISAGG_ON}) || !has(self.autoscaling) || !has(self.autoscaling.mode) || "
                            "self.autoscaling.mode == 'off'")
+ROUTING_DISAGG_RULE_MESSAGE = ("routing does not work with disaggregation yet (the pool would have to follow the "
+                               "pods' roles): remove spec.routing, or set disaggregation.mode to off")
+ROUTING_DISAGG_RULE = f"!has(self.routing) || !({_DISAGG_ON})"
 
 
 def disaggregation_refusal(spec: "InferenceDeploymentSpec") -> str:
@@ -411,6 +473,8 @@ def disaggregation_refusal(spec: "InferenceDeploymentSpec") -> str:
         return DISAGG_DRAFT_RULE_MESSAGE
     if spec.autoscaling.mode != "off":
         return DISAGG_AUTOSCALING_RULE_MESSAGE
+    if spec.routing is not None:
+        return ROUTING_DISAGG_RULE_MESSAGE
     return ""
 
 
@@ -427,7 +491,7 @@ class InferenceDeploymentSpec(_Model):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
         (AUTOSCALING_RULE, AUTOSCALING_RULE_MESSAGE), (QUANTIZATION_RULE, QUANTIZATION_RULE_MESSAGE),
         (DISAGG_TP_RULE, DISAGG_TP_RULE_MESSAGE), (DISAGG_DRAFT_RULE, DISAGG_DRAFT_RULE_MESSAGE),
-        (DISAGG_AUTOSCALING_RULE, DISAGG_AUTOSCALING_RULE_MESSAGE)))
+        (DISAGG_AUTOSCALING_RULE, DISAGG_AUTOSCALING_RULE_MESSAGE), (ROUTING_DISAGG_RULE, ROUTING_DISAGG_RULE_MESSAGE)))
 
     replicas: int = Field(1, ge=0, le=1000, description="Engine pods (with disaggregation on or auto: "
                                                         "disaggregation.prefill.replicas and decode.replicas "
@@ -442,6 +506,9 @@ class InferenceDeploymentSpec(_Model):
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus integration.")
     disaggregation: DisaggregationSpec | None = Field(
         None, description="Prefill/decode disaggregation; off when absent.")
+    routing: RoutingSpec | None = Field(
+        None, description="Prefix- and load-aware routing through the Gateway API Inference Extension (an "
+                          "InferencePool and its endpoint picker); absent: the Service picks a pod at random.")
 
     @model_validator(mode="after")
     def _quantization_fits_the_device(self) -> "InferenceDeploymentSpec":
@@ -671,6 +738,19 @@ class DisaggregationStatus(_Model):
     decode: RoleStatus = Field(default_factory=RoleStatus, description="The decode pods, which the clients reach.")
 
 
+class RoutingStatus(_Model):
+    """Where the clients' traffic goes with spec.routing: written by the operator alone."""
+
+    inference_pool: str | None = Field(None, alias="inferencePool", description="The InferencePool "
+                                       "(inference.networking.k8s.io/v1) of the engine pods: a Gateway's HTTPRoute "
+                                       "names it as its backend.")
+    endpoint_picker: str | None = Field(None, alias="endpointPicker",
+                                        description="The endpoint picker's ext_proc address (host:port).")
+    http_route: str | None = Field(None, alias="httpRoute", description="The HTTPRoute the operator renders "
+                                                                        "(spec.routing.gateway).")
+    message: str = Field("", description="Why there is no pool yet (the cluster lacks the InferencePool CRD).")
+
+
 class InferenceDeploymentStatus(_Model):
     observed_generation: int | None = Field(None, alias="observedGeneration", description="Spec generation reconciled.")
     replicas: int = Field(0, description="Engine pods that exist.")
@@ -686,6 +766,8 @@ class InferenceDeploymentStatus(_Model):
     autoscaling: AutoscalingStatus | None = Field(None, description="Written by the tuner.")
     disaggregation: DisaggregationStatus | None = Field(
         None, description="Each role's pods and knobs (disaggregation on or auto): written by the operator alone.")
+    routing: RoutingStatus | None = Field(None, description="The InferencePool and endpoint picker "
+                                                            "(spec.routing): written by the operator alone.")
 
 
 class InferenceDeployment(_Model):

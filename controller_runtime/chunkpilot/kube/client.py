@@ -41,9 +41,15 @@ TYPED = {
     ("apps/v1", "Deployment"): _Typed("AppsV1Api", "deployment"),
     ("policy/v1", "PodDisruptionBudget"): _Typed("PolicyV1Api", "pod_disruption_budget"),
     ("networking.k8s.io/v1", "NetworkPolicy"): _Typed("NetworkingV1Api", "network_policy"),
+    # spec.routing's endpoint picker: its account and its least-privilege Role (operator/routing.py)
+    ("v1", "ServiceAccount"): _Typed("CoreV1Api", "service_account"),
+    ("rbac.authorization.k8s.io/v1", "Role"): _Typed("RbacAuthorizationV1Api", "role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): _Typed("RbacAuthorizationV1Api", "role_binding"),
 }
 CUSTOM = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
-          (f"{GROUP}/{VERSION}", "InferenceDeployment"): PLURAL}
+          (f"{GROUP}/{VERSION}", "InferenceDeployment"): PLURAL,
+          ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
+          ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes"}
 
 
 def load_config() -> None:

@@ -13,7 +13,7 @@ from chunkpilot.api.types import (DISAGGREGATED_ROLES, GROUP, KIND, LLMD_ROLE_LA
                                   InferenceDeployment, desired_knobs, knob_refusal)
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import dumps_knobs
-from chunkpilot.operator import policy, rules
+from chunkpilot.operator import policy, routing, rules
 from chunkpilot.operator.policy import Policy
 
 ENGINE_PORT = 8000
@@ -79,6 +79,9 @@ class OperatorSettings:
     # outside the cluster): no pod is admitted to it, and the knobs arrive through the ConfigMap alone.
     operator_namespace: str | None = None
     operator_pod_labels: tuple[tuple[str, str], ...] = ()
+    # The endpoint picker of spec.routing (operator/routing.py): an image the admin chose, never the user's spec,
+    # since its pod reads the namespace's pods
+    epp_image: str = routing.EPP_IMAGE
 
 
 class SpecError(ValueError):
@@ -420,7 +423,7 @@ def deployment(obj: InferenceDeployment, settings: OperatorSettings = OperatorSe
     if spec.engine.priority_class_name:
         pod_spec["priorityClassName"] = spec.engine.priority_class_name
     pod_spec = {k: v for k, v in pod_spec.items() if v not in ([], {})}
-    meta, pod_labels = _meta(obj, role_name(name, role)), labels(name)
+    meta, pod_labels = _meta(obj, role_name(name, role)), {**labels(name), **routing.pod_labels(obj)}
     if role is not None:
         meta["labels"] = pod_labels = {**pod_labels, **role_labels(role)}
     elif live(obj):
@@ -526,8 +529,9 @@ def network_policy(obj: InferenceDeployment, settings: OperatorSettings) -> dict
 
 
 def desired_objects(obj: InferenceDeployment, settings: OperatorSettings = OperatorSettings(),
-                    *, service_monitor_crd: bool = False) -> list[dict]:
-    """All objects for one InferenceDeployment, after validate() passed (no half-applied sets)."""
+                    *, service_monitor_crd: bool = False, pool_crd: bool = False) -> list[dict]:
+    """All objects for one InferenceDeployment, after validate() passed (no half-applied sets). `pool_crd`: the
+    cluster has GIE's InferencePool CRD, without which spec.routing renders nothing (the reconciler says so)."""
     validate(obj, settings)
     out = [knobs_configmap(obj), *(deployment(obj, settings, role) for role in roles(obj)), service(obj)]
     optionals = [prefill_service(obj), *(pod_disruption_budget(obj, role) for role in roles(obj)),
@@ -538,6 +542,9 @@ def desired_objects(obj: InferenceDeployment, settings: OperatorSettings = Opera
     sm = service_monitor(obj, settings) if service_monitor_crd else None
     if sm:
         out.append(sm)
+    if obj.spec.routing is not None and pool_crd:
+        out += routing.objects(obj, lambda n: _meta(obj, n), ENGINE_PORT, settings.epp_image,
+                               selector_labels(obj.metadata["name"]))
     return out
 
 
@@ -545,9 +552,10 @@ def optional_children(name: str) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of every child some spec of this resource may want and another may not, which a
     pass deletes when its spec does not (the knobs ConfigMap, the token Secret and the client Service exist as long
     as the resource): today's Deployment and each role's (disaggregation switched on or off), the prefill Service,
-    the PDBs, the ServiceMonitor and the NetworkPolicy."""
+    the PDBs, the ServiceMonitor, the NetworkPolicy and the routing objects (spec.routing)."""
     per_role = [role_name(name, r) for r in DISAGGREGATED_ROLES]
     return [("apps/v1", "Deployment", n) for n in (name, *per_role)] + \
         [("v1", "Service", role_name(name, "prefill"))] + \
         [("policy/v1", "PodDisruptionBudget", n) for n in (name, *per_role)] + \
-        [("monitoring.coreos.com/v1", "ServiceMonitor", name), ("networking.k8s.io/v1", "NetworkPolicy", name)]
+        [("monitoring.coreos.com/v1", "ServiceMonitor", name), ("networking.k8s.io/v1", "NetworkPolicy", name)] + \
+        routing.optional_children(name)

@@ -8,13 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chunkpilot.api.types import (Condition, ConditionType, DisaggregationStatus, InferenceDeploymentStatus,
-                                  KnobsStatus, RoleStatus, SchedulerStatus)
+                                  KnobsStatus, RoleStatus, RoutingStatus, SchedulerStatus)
 from chunkpilot.kube.conditions import merge_conditions
 
 # The status fields the operator writes (conditions: Ready, Progressing, Degraded); the tuner writes scheduler
 # (source: tuner), tuning and slo, and the Tuning and SLOMet conditions.
 # Never `scheduler`: the tuner alone writes the knobs it chose (one writer per field; see docs/architecture.md).
-OPERATOR_STATUS_FIELDS = {"observed_generation", "replicas", "ready_replicas", "selector", "knobs", "disaggregation"}
+OPERATOR_STATUS_FIELDS = {"observed_generation", "replicas", "ready_replicas", "selector", "knobs", "disaggregation",
+                          "routing"}
 
 
 @dataclass(frozen=True)
@@ -132,11 +133,13 @@ def role_conditions(roles: list[RolePods], generation: int | None, problem: Prob
 
 def status_patch(current_status: dict, *, deploy: dict | None, desired_replicas: int, generation: int | None,
                  selector: str, knobs: KnobsStatus | None, problem: Problem | None, now: str,
-                 roles: list[RolePods] | None = None, split: DisaggregationStatus | None = None) -> dict | None:
+                 roles: list[RolePods] | None = None, split: DisaggregationStatus | None = None,
+                 routing: RoutingStatus | None = None) -> dict | None:
     """The merge patch for `status` (the operator's fields only), or None when nothing changed (so reconciles that
     change nothing write nothing: level-triggered without a write loop). With `roles` (disaggregation mode on),
     conditions and counts come from each role's Deployment and `deploy` is not read; with `split` (mode auto: one
-    Deployment, its pods' roles), status.disaggregation is that; without either, status.disaggregation goes."""
+    Deployment, its pods' roles), status.disaggregation is that; without either, status.disaggregation goes.
+    status.routing is `routing` (spec.routing's pool and picker), gone without it."""
     if roles is None:
         ds = (deploy or {}).get("status") or {}
         conditions = deployment_conditions(deploy, desired_replicas, generation, problem)
@@ -149,11 +152,12 @@ def status_patch(current_status: dict, *, deploy: dict | None, desired_replicas:
         disaggregation = DisaggregationStatus(**by_role)
     want = InferenceDeploymentStatus(
         observed_generation=generation, replicas=replicas, ready_replicas=ready, selector=selector, knobs=knobs,
-        disaggregation=disaggregation,
+        disaggregation=disaggregation, routing=routing,
     ).model_dump(by_alias=True, exclude_none=True, include=OPERATOR_STATUS_FIELDS)
     # merged: the tuner's conditions pass through as they are
     want["conditions"] = merge_conditions(current_status.get("conditions") or [], conditions, now)
-    if disaggregation is None and "disaggregation" in current_status:
-        want["disaggregation"] = None  # switched off: a merge patch removes the field with a null
+    for key, value in (("disaggregation", disaggregation), ("routing", routing)):
+        if value is None and key in current_status:
+            want[key] = None  # switched off: a merge patch removes the field with a null
     changed = {k: v for k, v in want.items() if current_status.get(k) != v}
     return changed or None

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 
 from chunkpilot.api.types import (DISAGGREGATED_ROLES, ConditionType, DisaggregationStatus, InferenceDeployment,
                                   InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus, desired_knobs,
-                                  prefill_pods)
-from chunkpilot.operator import builders
+                                  RoutingStatus, prefill_pods)
+from chunkpilot.operator import builders, routing
 from chunkpilot.operator.knobs_delivery import (HttpPusher, ReadyPod, deliver, deliver_by_role, owned_pods, ready_pods,
                                                 runs)
 from chunkpilot.operator.role_split import split_roles
@@ -87,10 +87,11 @@ class Reconciler:
         # other knobs through a port-forward; the record would otherwise say the pod runs ours for good.
         self.verify_seconds, self.clock = verify_seconds, clock
         self._verified: dict[ObjectKey, float] = {}  # when every ready pod last answered a push
-        self._crd_cache: tuple[float, bool] | None = None
+        self._crds: dict[str, tuple[float, bool]] = {}  # CRD -> when it was last looked for, and whether it exists
         self._crd_cache_seconds = crd_cache_seconds
         # (namespace, name) -> the uid a Warning was posted for: once per object, forgotten with it
         self._warned_monitor: dict[ObjectKey, str] = {}
+        self._warned_pool: dict[ObjectKey, str] = {}
         self._warned_hpa: dict[ObjectKey, str] = {}
         self.autoscalers = AutoscalerCheck(kube)
         self._hpa_owned: dict[ObjectKey, bool] = {}  # an HPA owned the Deployment's count at the last pass
@@ -103,7 +104,7 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: drop what this process remembered about it (and about its role Deployments)."""
-        for memory in (self._hpa_owned, self._warned_monitor, self._warned_hpa, self._verified):
+        for memory in (self._hpa_owned, self._warned_monitor, self._warned_pool, self._warned_hpa, self._verified):
             for child in (None, *DISAGGREGATED_ROLES):
                 memory.pop(ObjectKey(namespace, builders.role_name(name, child)), None)
 
@@ -157,16 +158,20 @@ class Reconciler:
         problem = out.problem or (Problem("EngineFailing", trouble) if trouble else None)
         knobs = delivery.knobs if delivery is not None else None
         selector = ",".join(f"{k}={v}" for k, v in builders.selector_labels(name).items())
+        routed = _routing_status(status) if obj is None else routing.status(
+            obj, obj.spec.routing is not None and self._crd_present(routing.POOL_CRD))
         if roles == (None,):
             patch = status_patch(status, deploy=deploys[None], desired_replicas=self._replicas(ns, name, obj, raw,
                                                                                                 deploys[None]),
                                  generation=meta.get("generation"), selector=selector, knobs=knobs, problem=problem,
-                                 now=now_rfc3339(), split=delivery.split if delivery is not None else None)
+                                 now=now_rfc3339(), split=delivery.split if delivery is not None else None,
+                                 routing=routed)
         else:
             role_pods = [RolePods(role, deploys[role], self._replicas(ns, name, obj, raw, deploys[role], role),
                                   delivery.roles.get(role) if delivery is not None else None) for role in roles]
             patch = status_patch(status, deploy=None, desired_replicas=0, generation=meta.get("generation"),
-                                 selector=selector, knobs=knobs, problem=problem, now=now_rfc3339(), roles=role_pods)
+                                 selector=selector, knobs=knobs, problem=problem, now=now_rfc3339(), roles=role_pods,
+                                 routing=routed)
         if patch is not None:
             try:
                 self.kube.patch_status(ns, name, patch, meta.get("resourceVersion"))
@@ -321,7 +326,8 @@ class Reconciler:
             if self.kube.read("v1", "PersistentVolumeClaim", ns, claim) is None:
                 raise _MissingVolume(f"{field_} names PersistentVolumeClaim {claim!r}, which does not exist in "
                                      f"namespace {ns!r}: create it ({what}) or fix the field")
-        return builders.desired_objects(obj, self.settings, service_monitor_crd=self._monitor_crd(obj, raw))
+        return builders.desired_objects(obj, self.settings, service_monitor_crd=self._monitor_crd(obj, raw),
+                                        pool_crd=self._pool_crd(obj, raw))
 
     def _monitor_crd(self, obj: InferenceDeployment, raw: dict) -> bool:
         if not obj.spec.monitoring.service_monitor:
@@ -336,11 +342,28 @@ class Reconciler:
                             "metrics port yourself)")
         return present
 
+    def _pool_crd(self, obj: InferenceDeployment, raw: dict) -> bool:
+        """spec.routing needs GIE's InferencePool CRD: without it nothing of the routing is rendered, the clients
+        keep the Service, and a Warning says what to install (once per object); status.routing says it too."""
+        if obj.spec.routing is None:
+            return False
+        present = self._crd_present(routing.POOL_CRD)
+        key = ObjectKey.from_meta(obj.metadata)
+        if not present and self._warned_pool.get(key) != obj.metadata["uid"]:
+            self._warned_pool[key] = obj.metadata["uid"]
+            self.post_event(raw, "Warning", "RoutingUnavailable", routing.NO_POOL_CRD)
+        return present
+
     def _monitor_crd_present(self) -> bool:
+        return self._crd_present(SERVICE_MONITOR_CRD)
+
+    def _crd_present(self, crd: str) -> bool:
         now = time.monotonic()
-        if self._crd_cache is None or now - self._crd_cache[0] > self._crd_cache_seconds:
-            self._crd_cache = (now, self.kube.crd_exists(SERVICE_MONITOR_CRD))
-        return self._crd_cache[1]
+        at, present = self._crds.get(crd, (-math.inf, False))
+        if now - at > self._crd_cache_seconds:
+            present = self.kube.crd_exists(crd)
+            self._crds[crd] = (now, present)
+        return present
 
     def _apply_all(self, raw: dict, desired: list[dict], out: Outcome) -> dict[str, dict]:
         """Create or apply each desired object, then prune the optional ones no longer wanted; returns each
@@ -423,8 +446,16 @@ class Reconciler:
         meta = raw["metadata"]
         (ns, name), uid = ObjectKey.from_meta(meta), meta.get("uid")
         wanted = {(d["apiVersion"], d["kind"], d["metadata"]["name"]) for d in desired}
+        # the routing objects are looked for only while the spec asks for routing or status says some were made
+        # (a pass of every other resource reads no more than before)
+        routed = "routing" in (raw.get("spec") or {}) or "routing" in (raw.get("status") or {})
+        routing_children = set(routing.optional_children(name))
         for api_version, kind, child in builders.optional_children(name):
-            if (api_version, kind, child) in wanted or (kind == "ServiceMonitor" and not self._monitor_crd_present()):
+            key = (api_version, kind, child)
+            if key in wanted or (kind == "ServiceMonitor" and not self._monitor_crd_present()):
+                continue
+            if key in routing_children and (not routed or (kind == "InferencePool"
+                                                           and not self._crd_present(routing.POOL_CRD))):
                 continue
             live = self.kube.read(api_version, kind, ns, child)
             if live and _owned_by(live, uid):
@@ -433,7 +464,8 @@ class Reconciler:
                 self.post_event(raw, "Normal", "Deleted", f"deleted {kind} {child}: the spec no longer asks for it")
 
     def _post_update(self, raw: dict, want: dict, before: dict) -> None:
-        if want["kind"] == "ConfigMap":
+        if want["kind"] == "ConfigMap" and want["metadata"]["name"] == builders.knobs_configmap_name(
+                ObjectKey.from_meta(raw["metadata"]).name):
             said = []
             for key, text in want["data"].items():  # one file, or one per role ("prefill: token budget ...")
                 knobs = parse_knobs(text)
@@ -445,7 +477,8 @@ class Reconciler:
                             f"(generation {knobs.generation})")
             self.post_event(raw, "Normal", "KnobsChanged",
                             f"{'; '.join(said)}: the pods apply them in place, no restart")
-        elif want["kind"] == "Deployment" and _template_hash(want) != _template_hash(before):
+        elif (want["kind"] == "Deployment" and _template_hash(want) != _template_hash(before)
+              and want["metadata"]["name"] != routing.epp_name(ObjectKey.from_meta(raw["metadata"]).name)):
             self.post_event(raw, "Normal", "RollingUpdate", "the engine image, model, resources or engine settings "
                             "changed: pods are replaced one at a time (maxUnavailable 0)")
         else:
@@ -515,3 +548,11 @@ def _api_message(e: ApiException, doing: str) -> str:
     except (ValueError, AttributeError):
         detail = e.reason
     return f"the API server refused {doing}: {e.status} {detail}; the operator retries on the next pass"
+
+
+def _routing_status(status: dict) -> RoutingStatus | None:
+    """status.routing as it is, where this pass could not read the spec (nothing about routing changed then)."""
+    try:
+        return RoutingStatus.model_validate(status["routing"]) if status.get("routing") else None
+    except ValidationError:
+        return None
