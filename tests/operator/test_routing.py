@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import threading
+from pathlib import Path
 
 import httpx
 import kubernetes
@@ -26,6 +27,8 @@ from chunkpilot.operator import routing
 from ..conftest import require_tool
 from ..waiting import eventually
 from . import gie as gie_parts
+from .envoy import Envoy
+from .envoy import config as envoy_config
 from .operator_proc import Cluster, operator, sample
 from .test_crd_and_builders import K8S_VERSIONS, SMOL
 
@@ -135,10 +138,12 @@ def test_routing_is_refused_with_disaggregation_and_without_a_scorer():
         routed({"scorerWeights": {"queue": 0, "kvCache": 0, "prefix": 0}})
 
 
-# ---- on the real API server, with the real endpoint picker -----------------------------------------------------
+# ---- on the real API server, with the real endpoint picker and Envoy --------------------------------------------
 NS = "routing"
 NAME = "chat"
-ENGINE_HOST = "127.0.0.2"  # the pod's address: a loopback one of its own, so port 8000 is free there
+PODS = 3
+# each pod's address: loopback ones of their own, so that every engine listens on the pool's port 8000
+ENGINE_HOSTS = [f"127.0.0.{i}" for i in range(2, 2 + PODS)]
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +152,106 @@ def gie(control_plane):
     epp = require_tool(gie_parts.EPP, gie_parts.HOW)
     with gie_parts.installed_crds(control_plane):
         yield epp
+
+
+class Chain:
+    """The operator's routing objects for a resource of three pods, each pod a real engine at its own loopback
+    address (the pods played as a kubelet would report them), the real picker as the ServiceAccount the operator
+    made with the rendered arguments and config, and Envoy in front of it: a Gateway, as GIE's e2e runs one."""
+
+    def __init__(self, k: Cluster, op, engines: list, picker: subprocess.Popen, picker_log: Path, metrics_port: int,
+                 envoy: Envoy, gateway: str, mark: int) -> None:
+        self.k, self.op, self.engines, self.picker, self.picker_log = k, op, engines, picker, picker_log
+        self.metrics_port, self.envoy, self.gateway, self.mark = metrics_port, envoy, gateway, mark
+
+    def picker_metrics(self) -> dict[str, float]:
+        if self.picker.poll() is not None:
+            raise AssertionError(f"the endpoint picker exited {self.picker.returncode}:\n{self.diagnose()}")
+        return epp_metrics(self.metrics_port)
+
+    def served(self) -> list[float]:
+        """Each engine's finished requests."""
+        return [sum(v for key, v in e.metrics().items() if key.startswith(m.REQUEST_SUCCESS)) for e in self.engines]
+
+    def diagnose(self) -> str:
+        return (f"picker:\n{self.picker_log.read_text()[-3000:]}\nenvoy:\n{self.envoy.log()}\n"
+                f"status: {self.k.status(NS, NAME)}\noperator:\n{self.op.log(2000)}")
+
+
+def picker_argv(args: list[str], config: str, ports: dict[str, int]) -> list[str]:
+    """The rendered Deployment's arguments with its ports on free ones (tests run side by side) and its ConfigMap's
+    config inline."""
+    argv = []
+    for i, a in enumerate(args):
+        if i and args[i - 1] in ports:
+            a = str(ports[args[i - 1]])
+        elif i and args[i - 1] == "--config-file":
+            a = config
+        argv.append("--config-text" if a == "--config-file" else a)
+    return argv
+
+
+@pytest.fixture(scope="module")
+def chain(gie, control_plane, chart_accounts, smollm2_dir, tmp_path_factory):
+    from ..engine.server_proc import EngineServer
+
+    work = tmp_path_factory.mktemp("routing")
+    k = Cluster(control_plane.api())
+    k.namespace(NS)
+    engines = [EngineServer(smollm2_dir, work, port=b.ENGINE_PORT, host=h) for h in ENGINE_HOSTS]
+    picker = envoy = None
+    with operator(chart_accounts["operator"], work) as op:
+        try:
+            k.create(sample(NAME, NS, replicas=PODS, tuning={"mode": "off"},
+                            routing={"gateway": {"name": "inference-gateway"}}))
+            assert eventually(lambda: k.get("deployments", NS, f"{NAME}-epp") and k.get("configmaps", NS, f"{NAME}-epp"),
+                              60), op.log()
+            # the engine pods, played as a kubelet would report them: Running, Ready, each at its engine's address
+            selector = ",".join(f"{key}={v}" for key, v in b.selector_labels(NAME).items())
+            assert eventually(lambda: len(k.core.list_namespaced_pod(NS, label_selector=selector).items) == PODS, 60)
+            for e in engines:
+                e.wait_ready()
+            for pod, host in zip(k.core.list_namespaced_pod(NS, label_selector=selector).items, ENGINE_HOSTS):
+                now = pod.metadata.creation_timestamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+                k.core.patch_namespaced_pod_status(pod.metadata.name, NS, {"status": {
+                    "phase": "Running", "podIP": host, "podIPs": [{"ip": host}],
+                    "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}})
+            deploy = k.get("deployments", NS, f"{NAME}-epp")
+            args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+            config = k.get("configmaps", NS, f"{NAME}-epp")["data"]["plugins.yaml"]
+            ports = {flag: free_port() for flag in ("--grpc-port", "--grpc-health-port", "--metrics-port")}
+            kubeconfig = control_plane.service_account_kubeconfig(NS, f"{NAME}-epp", work / "epp.kubeconfig")
+            mark = control_plane.audit_mark()
+            picker_log = work / "epp.log"
+            with open(picker_log, "w") as out:
+                picker = subprocess.Popen([gie, *picker_argv(args, config, ports)], stdout=out,
+                                          stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(kubeconfig),
+                                                                         "NAMESPACE": NS, "POD_NAME": f"{NAME}-epp-0"})
+            listen, admin = free_port(), free_port()
+            envoy = Envoy(work, envoy_config(listen, admin, ("127.0.0.1", ports["--grpc-port"])), admin)
+            c = Chain(k, op, engines, picker, picker_log, ports["--metrics-port"], envoy,
+                      f"http://127.0.0.1:{listen}/v1", mark)
+            # the picker found every pod through the pool and read its gauges
+            assert eventually(lambda: c.picker_metrics().get("inference_pool_ready_pods") == PODS
+                              if _answers(ports["--metrics-port"]) else False, 60), c.diagnose()
+            yield c
+        finally:
+            if envoy is not None:
+                envoy.stop()
+            if picker is not None:
+                stop_process(picker, 10)
+            for e in engines:
+                e.stop()
+            k.delete_namespace(NS)
+        assert op.alive(), op.log()
+
+
+def _answers(port: int) -> bool:
+    try:
+        epp_metrics(port)
+        return True
+    except httpx.HTTPError:
+        return False
 
 
 def epp_metrics(port: int) -> dict[str, float]:
@@ -160,100 +265,84 @@ def epp_metrics(port: int) -> dict[str, float]:
     return out
 
 
-def test_the_real_endpoint_picker_reads_a_chunkpilot_engine_through_the_operators_pool(
-        gie, control_plane, chart_accounts, smollm2_dir, tmp_path):
-    from ..engine.server_proc import EngineServer
+def test_the_operator_makes_every_routing_object_and_says_where_to_send_traffic(chain):
+    k = chain.k
+    # the real API server took them, the InferencePool and HTTPRoute by their CRDs' schemas
+    assert k.custom.get_namespaced_custom_object(*POOL)["spec"]["endpointPickerRef"]["name"] == f"{NAME}-epp"
+    assert k.custom.get_namespaced_custom_object(*ROUTE)["spec"]["parentRefs"][0]["name"] == "inference-gateway"
+    assert k.status(NS, NAME).get("routing") == {"inferencePool": NAME, "endpointPicker": f"{NAME}-epp.{NS}.svc:9002",
+                                                 "httpRoute": NAME, "message": ""}
+    selector = ",".join(f"{key}={v}" for key, v in b.selector_labels(NAME).items())
+    assert all(p.metadata.labels[t.ENGINE_TYPE_LABEL] == "chunkpilot"
+               for p in k.core.list_namespaced_pod(NS, label_selector=selector).items)
 
-    k = Cluster(control_plane.api())
-    k.namespace(NS)
-    engine = EngineServer(smollm2_dir, tmp_path, port=b.ENGINE_PORT, host=ENGINE_HOST)
-    picker, log = None, tmp_path / "epp.log"
-    with operator(chart_accounts["operator"], tmp_path) as op:
+
+def test_the_picker_reads_chunkpilots_gauges_through_the_pool(chain, control_plane):
+    """While a request runs on one engine, the picker's pool averages follow chunkpilot's gauges (its metric names,
+    mapped by the rendered config; a wrong name fails this, checked)."""
+    stream = threading.Thread(target=lambda: httpx.post(
+        f"{chain.engines[0].url}/v1/completions", timeout=120,
+        json={"model": "smollm2", "prompt": "Count slowly:", "max_tokens": 400, "ignore_eos": True}))
+    stream.start()
+    try:
+        assert eventually(lambda: chain.picker_metrics().get("inference_pool_average_running_requests", 0) > 0
+                          and chain.picker_metrics().get("inference_pool_average_kv_cache_utilization", 0) > 0,
+                          60), chain.diagnose()
+    finally:
+        stream.join()
+    # the operator's Role was enough: the picker was refused nothing
+    refused = [e["requestURI"] for e in control_plane.audit(f"system:serviceaccount:{NS}:{NAME}-epp", chain.mark)
+               if (e.get("responseStatus") or {}).get("code") == 403]
+    assert not refused, refused
+
+
+SYSTEM = ("You are the support assistant of a company that rents bicycles in twelve cities. Answer in one short "
+          "sentence, politely, and never invent prices; the rental desk opens at eight and closes at six, helmets "
+          "are free, children under ten ride with an adult, and a lost key costs one day of rental. ") * 3
+
+
+def test_requests_through_the_gateway_that_share_a_prefix_go_to_one_pod(chain):
+    """Envoy asks the picker for every request; requests with one long system prompt all land on one pod, whose
+    prefix cache then holds it (its hits count it), where a Service would spread them over the three."""
+    import openai
+
+    client = openai.OpenAI(base_url=chain.gateway, api_key="unused", max_retries=0, timeout=60)
+    before = chain.served()
+    hits = [e.metrics().get(m.PREFIX_CACHE_HITS, 0) for e in chain.engines]
+    questions = ["Can my child ride alone?", "Are helmets extra?", "When do you open?", "I lost my key.",
+                 "Do you close at noon?", "What does a day cost?"]
+    for q in questions:
+        out = client.completions.create(model="smollm2", prompt=f"{SYSTEM}\nQuestion: {q}\nAnswer:", max_tokens=4,
+                                        temperature=0, extra_body={"ignore_eos": True})
+        assert out.choices[0].text and out.usage.completion_tokens == 4, out
+    got = [a - b_ for a, b_ in zip(chain.served(), before)]
+    assert sorted(got) == [0, 0, len(questions)], (got, chain.diagnose())
+    pod = got.index(len(questions))
+    gained = [e.metrics().get(m.PREFIX_CACHE_HITS, 0) - h for e, h in zip(chain.engines, hits)]
+    assert gained[pod] >= (len(questions) - 1) * 64, gained  # the shared prompt, from its cache, every time but once
+    # a stream through the gateway: the picker passes the SSE body through, and the usage chunk at its end
+    chunks = list(client.completions.create(model="smollm2", prompt=f"{SYSTEM}\nQuestion: Hi\nAnswer:",
+                                            max_tokens=4, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4, chunks[-1]
+
+
+def test_routing_removed_takes_every_routing_object_with_it(chain):
+    k = chain.k
+    k.patch(NAME, {"spec": {"routing": None}}, NS)
+
+    def gone(fn, *args) -> bool:
         try:
-            k.create(sample(NAME, NS, replicas=1, tuning={"mode": "off"},
-                            routing={"gateway": {"name": "inference-gateway"}}))
-            # every object, taken by the real API server (the InferencePool and HTTPRoute by their CRDs' schemas)
-            pool = ("inference.networking.k8s.io", "v1", NS, "inferencepools", NAME)
-            route = ("gateway.networking.k8s.io", "v1", NS, "httproutes", NAME)
+            fn(*args)
+        except kubernetes.client.ApiException as e:
+            return e.status == 404
+        return False
+    assert eventually(lambda: gone(k.custom.get_namespaced_custom_object, *POOL)
+                      and gone(k.custom.get_namespaced_custom_object, *ROUTE)
+                      and gone(k.core.read_namespaced_service_account, f"{NAME}-epp", NS)
+                      and k.get("deployments", NS, f"{NAME}-epp") is None
+                      and "routing" not in k.status(NS, NAME), 60), (k.status(NS, NAME), chain.op.log())
 
-            def made() -> bool:
-                try:
-                    k.custom.get_namespaced_custom_object(*pool)
-                    k.custom.get_namespaced_custom_object(*route)
-                except kubernetes.client.ApiException:
-                    return False
-                return all(k.get(p, NS, f"{NAME}-epp") for p in ("configmaps", "deployments", "services"))
-            assert eventually(made, 60), op.log()
-            assert eventually(lambda: k.status(NS, NAME).get("routing") == {
-                "inferencePool": NAME, "endpointPicker": f"{NAME}-epp.{NS}.svc:9002", "httpRoute": NAME,
-                "message": ""}), (k.status(NS, NAME), op.log())
-            # the engine pod, played as a kubelet would report it: Running, Ready, at the engine's address
-            engine.wait_ready()
-            engines = ",".join(f"{k_}={v}" for k_, v in b.selector_labels(NAME).items())
-            assert eventually(lambda: k.core.list_namespaced_pod(NS, label_selector=engines).items), \
-                "the ReplicaSet controller's pod"
-            (pod,) = k.core.list_namespaced_pod(NS, label_selector=engines).items
-            assert pod.metadata.labels[t.ENGINE_TYPE_LABEL] == "chunkpilot"
-            now = pod.metadata.creation_timestamp.strftime("%Y-%m-%dT%H:%M:%SZ")
-            k.core.patch_namespaced_pod_status(pod.metadata.name, NS, {"status": {
-                "phase": "Running", "podIP": ENGINE_HOST, "podIPs": [{"ip": ENGINE_HOST}],
-                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}})
-            # the picker: the rendered Deployment's arguments and ConfigMap, as the ServiceAccount the operator made
-            deploy = k.get("deployments", NS, f"{NAME}-epp")
-            args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
-            config = k.get("configmaps", NS, f"{NAME}-epp")["data"]["plugins.yaml"]
-            ports = {flag: free_port() for flag in ("--grpc-port", "--grpc-health-port", "--metrics-port")}
-            argv = []
-            for i, a in enumerate(args):  # its ports on free ones (tests run side by side), its config inline
-                if i and args[i - 1] in ports:
-                    a = str(ports[args[i - 1]])
-                elif i and args[i - 1] == "--config-file":
-                    a = config
-                argv.append("--config-text" if a == "--config-file" else a)
-            kubeconfig = control_plane.service_account_kubeconfig(NS, f"{NAME}-epp", tmp_path / "epp.kubeconfig")
-            mark = control_plane.audit_mark()
-            with open(log, "w") as out:
-                picker = subprocess.Popen([gie, *argv], stdout=out, stderr=subprocess.STDOUT, env={
-                    **os.environ, "KUBECONFIG": str(kubeconfig), "NAMESPACE": NS, "POD_NAME": f"{NAME}-epp-0"})
-            metrics_port = ports["--metrics-port"]
 
-            def scraped() -> dict | None:
-                if picker.poll() is not None:
-                    raise AssertionError(f"the endpoint picker exited {picker.returncode}:\n{log.read_text()[-4000:]}")
-                try:
-                    got = epp_metrics(metrics_port)
-                except httpx.HTTPError:
-                    return None
-                return got if got.get("inference_pool_ready_pods") == 1 else None
-            assert eventually(scraped, 60), log.read_text()[-4000:]
-            # while a request runs on the engine, the picker sees it in chunkpilot's gauges (its names, mapped)
-            stream = threading.Thread(target=lambda: httpx.post(
-                f"{engine.url}/v1/completions", timeout=120,
-                json={"model": "smollm2", "prompt": "Count slowly:", "max_tokens": 400, "ignore_eos": True}))
-            stream.start()
-            try:
-                assert eventually(lambda: epp_metrics(metrics_port).get(
-                    "inference_pool_average_running_requests", 0) >= 1 and epp_metrics(metrics_port).get(
-                    "inference_pool_average_kv_cache_utilization", 0) > 0, 60), log.read_text()[-4000:]
-            finally:
-                stream.join()
-            # the operator's Role was enough: the picker was refused nothing
-            refused = [e["requestURI"] for e in control_plane.audit(f"system:serviceaccount:{NS}:{NAME}-epp", mark)
-                       if (e.get("responseStatus") or {}).get("code") == 403]
-            assert not refused, refused
-
-            # routing removed: every routing object goes, and status.routing with them
-            k.patch(NAME, {"spec": {"routing": None}}, NS)
-            def account() -> bool:
-                try:
-                    return bool(k.core.read_namespaced_service_account(f"{NAME}-epp", NS))
-                except kubernetes.client.ApiException as e:
-                    return e.status != 404
-            assert eventually(lambda: not made() and not account() and "routing" not in k.status(NS, NAME), 60), (
-                k.status(NS, NAME), op.log())
-        finally:
-            if picker is not None:
-                stop_process(picker, 10)
-            engine.stop()
-            k.delete_namespace(NS)
-        assert op.alive(), op.log()
+POOL = ("inference.networking.k8s.io", "v1", NS, "inferencepools", NAME)
+ROUTE = ("gateway.networking.k8s.io", "v1", NS, "httproutes", NAME)
