@@ -21,7 +21,7 @@ import torch
 
 from chunkpilot.contract.step_cost import step_features
 from chunkpilot.engine.config import EngineConfig
-from chunkpilot.engine.core.block_manager import BlockManager, CacheConfig
+from chunkpilot.engine.core.block_manager import BlockManager, CacheShape
 from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.core.outputs import RequestOutput, TokenLogprob
 from chunkpilot.engine.core.sampling_params import SamplingParams
@@ -293,9 +293,9 @@ class LLMEngine:
         return self.kv_cache.tensor
 
     @property
-    def cache_config(self) -> CacheConfig:
+    def cache_shape(self) -> CacheShape:
         """The KV cache as the endpoint picker and dashboards read it (chunkpilot:cache_config_info)."""
-        return self.block_manager.cache_config
+        return self.block_manager.cache_shape
 
     @property
     def num_running(self) -> int:

@@ -13,7 +13,7 @@ from chunkpilot.contract.metric_names import (CACHE_CONFIG_INFO, CACHE_CONFIG_LA
                                               REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, one_two_five_buckets)
 from chunkpilot.contract.engine_settings import ROLES
 from chunkpilot.contract.step_cost import StepMoments
-from chunkpilot.engine.core.block_manager import CacheConfig
+from chunkpilot.engine.core.block_manager import CacheShape
 
 # `*_created` series double the exposition and no dashboard or rule here uses them (vLLM drops them too).
 disable_created_metrics()
@@ -142,7 +142,7 @@ class EngineMetrics:
     def kv_retry(self, reason: str):
         return self._kv_retries.labels(self.model_name, reason)
 
-    def publish_cache_config(self, cache: CacheConfig) -> None:
+    def publish_cache_shape(self, cache: CacheShape) -> None:
         self._cache_config.labels(self.model_name, str(cache.block_size), str(cache.num_blocks),
                                   str(cache.enable_prefix_caching)).set(1)
 

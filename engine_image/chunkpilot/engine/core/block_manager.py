@@ -30,7 +30,7 @@ class NoFreeBlocksError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class CacheConfig:
+class CacheShape:
     """The KV cache's shape as others read it (vLLM's cache_config_info: an endpoint picker sizes its prefix index
     by it)."""
 
@@ -58,8 +58,8 @@ class BlockManager:
 
     # ---- accounting -------------------------------------------------------------------------------------
     @property
-    def cache_config(self) -> CacheConfig:
-        return CacheConfig(self.block_size, self.num_blocks, self.enable_prefix_caching)
+    def cache_shape(self) -> CacheShape:
+        return CacheShape(self.block_size, self.num_blocks, self.enable_prefix_caching)
 
     @property
     def num_free_blocks(self) -> int:

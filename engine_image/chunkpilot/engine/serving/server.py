@@ -153,7 +153,7 @@ class ServerState:
             llm_engine = LLMEngine(s.engine)
             metrics = EngineMetrics(s.model_name, llm_engine.max_model_len)
             metrics.publish_ranks(llm_engine.rank_memory)
-            metrics.publish_cache_config(llm_engine.cache_config)
+            metrics.publish_cache_shape(llm_engine.cache_shape)
             metrics.publish_role(s.role)
             if s.prefill_peers:
                 self.remote = self._remote_prefill(llm_engine, metrics)
