@@ -350,3 +350,30 @@ def test_promtool_check_metrics(server):
     problems = [f for f in findings if not any(f.endswith(c) for c in CONTRACT_FINDINGS)]
     assert not problems, problems
     assert findings, "promtool ran but checked nothing"
+
+
+def test_an_idle_keep_alive_connection_outlives_uvicorns_default(server):
+    """A proxy in front (Envoy's gateway keeps idle upstream connections 60 s) sends its next request on the
+    connection it kept: the engine must not have closed it after uvicorn's default 5 s, or the request is reset
+    before any header (a 503 through Envoy, seen in bench/routing.py)."""
+    import socket
+    import time
+
+    def ask(sock: socket.socket) -> bytes:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: engine\r\n\r\n")
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = sock.recv(4096)
+            assert chunk, f"the engine closed the kept connection (read so far: {got!r})"
+            got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(
+            b"content-length")))
+        while len(body) < length:
+            body += sock.recv(4096)
+        return head.split(b"\r\n")[0]
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        assert ask(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(6.5)  # past uvicorn's default keep-alive
+        assert ask(sock).startswith(b"HTTP/1.1 200")

@@ -62,6 +62,12 @@ def config(listen_port: int, admin_port: int, picker: tuple[str, int], *, dns: b
             "clusters": [
                 {"name": "original_destination_cluster", "type": "ORIGINAL_DST", "connect_timeout": "10s",
                  "lb_policy": "CLUSTER_PROVIDED",
+                 # idle connections to the pods closed by Envoy first (the engine keeps them 75 s): a request sent
+                 # on one the engine is closing would be reset before its headers, a 503 (bench/routing.py saw it)
+                 "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                     "@type": f"{TYPES}.upstreams.http.v3.HttpProtocolOptions",
+                     "common_http_protocol_options": {"idle_timeout": "60s"},
+                     "explicit_http_config": {"http_protocol_options": {}}}},
                  "original_dst_lb_config": {"use_http_header": True,
                                             "http_header_name": "x-gateway-destination-endpoint"}},
                 {"name": "ext_proc", "type": "STRICT_DNS" if dns else "STATIC", "connect_timeout": "10s",

@@ -473,6 +473,11 @@ async def _until_done(coro, request: Request):
 # After the grace period, how long aborted streams get to send their error event and [DONE] before uvicorn
 # closes the connections.
 FLUSH_SECONDS = 5.0
+# How long an idle keep-alive connection stays open. Longer than the proxies in front of the engines keep theirs
+# idle (Envoy's upstream idle timeout is set to 60 s in the gateway docs/routing.md shows): a proxy that sends a
+# request on a connection the engine closes at that moment gets a reset before any header and answers 503 (seen
+# with uvicorn's default of 5 s behind Envoy, bench/routing.py).
+KEEP_ALIVE_SECONDS = 75
 
 
 def serve(settings: ServerSettings, host: str = "0.0.0.0", port: int = 8000, log_level: str = "info") -> None:
@@ -545,7 +550,7 @@ def serve(settings: ServerSettings, host: str = "0.0.0.0", port: int = 8000, log
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn's own graceful wait comes after our drain; it only lets the last writes go out.
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_SECONDS,
                             timeout_graceful_shutdown=int(FLUSH_SECONDS), access_log=False)
     server = DrainingServer(config)
     state.on_fatal = lambda: setattr(server, "should_exit", True)  # uvicorn polls it; the loader thread sets it
