@@ -479,6 +479,26 @@ def pull_contention(d: dict) -> list[str]:
                       f"{c['rounds']} rounds."]
 
 
+def routing(d: dict) -> list[str]:
+    c, traces, ratios = d["conditions"], d["traces"], d["ratios"]
+    names = {"service": "through the Service (random)", "gateway": "through Envoy and the endpoint picker"}
+    rows = [[kind, names[name], f"{a['ttft_p50_s']:.2f}", f"{a['ttft_p90_s']:.2f}", f"{a['output_tokens_per_s']:.1f}",
+             pct(a["prefix_hit_rate"]), ", ".join(f"{n:g}" for n in a["per_pod_requests"]), str(a["failed"])]
+            for kind, arms in traces.items() for name, a in arms.items()]
+    out = table(["trace", "arm", "TTFT p50, s", "TTFT p90, s", "output tokens/s", "prefix-cache hits",
+                 "requests per pod", "failed"], rows)
+    shared, unique = ratios["shared"], ratios["unique"]
+    return out + ["", f"Shared prefixes: p90 TTFT **{shared['ttft_p90_service_over_gateway']:.2f}x lower** through "
+                      f"the picker (target ≥ 3x), output tokens/s **{shared['tokens_per_s_gateway_over_service']:.2f}x** "
+                      f"(target ≥ 1.3x); no shared prefix: output tokens/s "
+                      f"**{unique['tokens_per_s_gateway_over_service']:.2f}x** (target ≥ 0.97x). {c['pods']} engine pods "
+                      f"on the local cluster's node (two cores), KV cache {c['kv_gb']:g} GB each; {c['tenants']} "
+                      f"tenants with {c['prefix_words']}-word system prompts; shared: {c['requests']} requests per arm "
+                      f"and round at {c['rate']:g}/s, unique: {c.get('unique_requests', c['requests'])} at "
+                      f"{c.get('unique_rate', c['rate']):g}/s (Poisson), {c['max_tokens']} output tokens; "
+                      f"{c['rounds']} rounds, arms alternating, fresh prompts per arm."]
+
+
 def _why(rung: dict) -> str:
     """Which SLO a rung's misses broke and the first inter-token gap apart from the rest (runs before these were
     recorded have none)."""
@@ -574,6 +594,8 @@ SECTIONS = (
     Section("kv_transfer", "Moving a prompt's KV blocks (NIXL)", "python bench/kv_transfer.py", kv_transfer),
     Section("pull_contention", "What a pull costs the decode steps beside it (one core)",
             "python bench/pull_contention.py --seqs 2 --shares 0.25,0.1", pull_contention),
+    Section("routing", "Prefix- and load-aware routing against the Service (local cluster)", "python bench/routing.py",
+            routing),
     Section("disaggregation", "Prefill/decode disaggregation against the best colocated knobs",
             "python bench/disaggregation.py --itl-x 3", disaggregation),
     Section("disaggregation_ladder", "Prefill/decode disaggregation: the best arms again on a lower ladder",
