@@ -470,3 +470,34 @@ def _roles(kube: MemoryKube) -> dict[str, str]:
         assert labels.get("chunkpilot.io/role") == labels.get("llm-d.ai/role"), labels
         out[p["metadata"]["name"]] = labels.get("chunkpilot.io/role")
     return out
+
+
+def test_routing_without_the_pool_crd_warns_once_says_what_to_install_and_renders_none_of_it():
+    from chunkpilot.operator import routing
+    from chunkpilot.operator.reconciler import Reconciler
+
+    kube = MemoryKube(_resource(None))
+    kube.resource["spec"]["routing"] = {}
+    crds = {routing.POOL_CRD: False}
+    kube.crd_exists = lambda name: crds.get(name, True)
+    events: list[tuple[str, str, str]] = []
+    r = Reconciler(kube, builders.OperatorSettings(admin_token_key="k"),
+                   lambda obj, type_, reason, message: events.append((type_, reason, message)),
+                   pusher=type("P", (), {"for_token": lambda self, token: (lambda pods, knobs: {})})(),
+                   crd_cache_seconds=0)
+    for _ in range(2):
+        r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert [e for e in events if e[1] == "RoutingUnavailable"] == [("Warning", "RoutingUnavailable", routing.NO_POOL_CRD)]
+    assert kube.resource["status"]["routing"] == {"message": routing.NO_POOL_CRD}
+    assert not [k for k in kube.objects if k[2].endswith("-epp") or k[0] == "InferencePool"]
+    # the CRD installed: the pool and its picker come, and status says where to send traffic
+    crds[routing.POOL_CRD] = True
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert ("InferencePool", "ml", "smollm2") in kube.objects and ("Deployment", "ml", "smollm2-epp") in kube.objects
+    assert kube.resource["status"]["routing"]["inferencePool"] == "smollm2"
+    # routing removed: every routing object goes, and status.routing with them
+    del kube.resource["spec"]["routing"]
+    kube.resource["metadata"]["generation"] += 1
+    r.reconcile(kube.read_inference_deployment("ml", "smollm2"))
+    assert not [k for k in kube.objects if k[2].endswith("-epp") or k[0] == "InferencePool"]
+    assert "routing" not in kube.resource["status"]
