@@ -2,7 +2,7 @@
 Service, side by side on the local cluster's real node (issue 54; docs/routing.md).
 
 One InferenceDeployment of three engine pods with spec.routing: the operator renders the InferencePool and the
-v1.5.0 picker (a pod), Envoy runs as a Deployment in front of it (tests/cluster/test_routing.py's gateway). The
+v1.5.0 picker (a pod) and the bundled gateway, Envoy in front of it (spec.routing.bundledGateway). The
 same pods and knobs serve both arms: through Envoy and the picker, and through the resource's Service (kube-proxy
 picks a pod at random). Two traces, Poisson arrivals at the same rate for both arms:
   shared   tenants with long system prompts and short questions (as llm-d's benchmark): the tenants' prompts
@@ -48,16 +48,19 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def trace(kind: str, rng: random.Random, *, requests: int, rate: float, tenants: int, prefix_words: int,
-          max_tokens: int) -> list[RequestSpec]:
+def trace(kind: str, rng: random.Random, schedule: random.Random, *, requests: int, rate: float, tenants: int,
+          prefix_words: int, max_tokens: int) -> list[RequestSpec]:
     """Poisson arrivals; `shared`: one of `tenants` system prompts (fresh for this arm) and a short question;
-    `unique`: a prompt of the same length that shares nothing."""
+    `unique`: a prompt of the same length that shares nothing. The arrival times and the tenant each request
+    belongs to come from `schedule`, which both arms of a round seed alike: only the words differ between them
+    (with a schedule of its own, 40 Poisson arrivals alone move an arm's tokens/s by +-20 %)."""
     systems = [f"You are the assistant of tenant {i}. {words(rng, prefix_words)}" for i in range(tenants)]
     out, t = [], 0.0
     for _ in range(requests):
-        t += rng.expovariate(rate)
+        t += schedule.expovariate(rate)
+        tenant = schedule.randrange(tenants)
         question = f"Question: {words(rng, 12)}?\nAnswer:"
-        head = rng.choice(systems) if kind == "shared" else f"You are an assistant. {words(rng, prefix_words)}"
+        head = systems[tenant] if kind == "shared" else f"You are an assistant. {words(rng, prefix_words)}"
         out.append(RequestSpec(kind, f"{head}\n{question}", max_tokens, t))
     return out
 
@@ -69,7 +72,8 @@ def routed_cluster(work: Path, kv_gb: float, pods: int):
     import kubernetes
 
     from tests.cluster.test_real_pods import poll
-    from tests.cluster.test_routing import NAME, NS, Routed, gateway_objects
+    from chunkpilot.operator import gateway
+    from tests.cluster.test_routing import NAME, NS, Routed
     from tests.conftest import install_chart_accounts, install_crd, require_tool
     from tests.local_cluster import LocalCluster, engine_image, envoy_image, epp_image, find_node_binaries
     from tests.operator import gie
@@ -89,7 +93,8 @@ def routed_cluster(work: Path, kv_gb: float, pods: int):
         k = Cluster(cluster.api())
         k.namespace(NS)
         op = operator(accounts["operator"], work, "--engine-image", image[0], "--allowed-host-path", smollm2,
-                      "--epp-image", epp, "--default-cpu-request", "100m", "--default-memory-request", "1Gi")
+                      "--epp-image", epp, "--envoy-image", envoy, "--default-cpu-request", "100m",
+                      "--default-memory-request", "1Gi")
         with gie.installed_crds(cluster):
             try:
                 op.start()
@@ -99,18 +104,15 @@ def routed_cluster(work: Path, kv_gb: float, pods: int):
                                 model__source=f"hostpath://{smollm2}", model__servedName="smollm2",
                                 model__maxModelLen=1024, model__dtype="float32", tuning={"mode": "off"},
                                 scheduler={"tokenBudget": 256, "maxChunk": 256},
-                                monitoring={"serviceMonitor": False}, routing={}))
-                for obj in gateway_objects(envoy):
-                    kubernetes.utils.create_from_dict(k.api, obj, namespace=NS)
+                                monitoring={"serviceMonitor": False}, routing={"bundledGateway": True}))
                 r = Routed(cluster, k, op)
                 engines = poll(lambda: r.engines() if len(r.engines()) == pods else None, 600, "engine pods Ready",
                                r.diagnose)
                 poll(lambda: r.ready({"app.kubernetes.io/name": "chunkpilot-epp"}), 120, "the picker Ready",
                      r.diagnose)
-                poll(lambda: r.ready({"app.kubernetes.io/name": "gateway"}), 120, "Envoy Ready", r.diagnose)
+                poll(lambda: r.ready(gateway.gateway_labels(NAME)), 120, "Envoy Ready", r.diagnose)
                 service = k.core.read_namespaced_service(NAME, NS).spec.cluster_ip
-                gateway = r.gateway_url().removesuffix("/v1")
-                yield gateway, f"http://{service}:8000", [p.status.pod_ip for p in engines]
+                yield r.gateway_url().removesuffix("/v1"), f"http://{service}:8000", [p.status.pod_ip for p in engines]
             finally:
                 op.stop()
                 with contextlib.suppress(kubernetes.client.ApiException):
@@ -176,7 +178,8 @@ def main() -> None:
                 order = ("gateway", "service") if r % 2 == 0 else ("service", "gateway")
                 for name in order:
                     shared = kind == "shared"
-                    specs = trace(kind, rng, requests=args.requests if shared else args.unique_requests,
+                    specs = trace(kind, rng, random.Random(f"{kind}/{r}"),
+                                  requests=args.requests if shared else args.unique_requests,
                                   rate=args.rate if shared else args.unique_rate, tenants=args.tenants,
                                   prefix_words=args.prefix_words, max_tokens=args.max_tokens)
                     got[kind][name].append(arm(gw if name == "gateway" else svc, specs, ips, f"{kind}/{name}/r{r}"))

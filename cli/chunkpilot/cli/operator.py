@@ -22,6 +22,9 @@ def run(
                                   help="The Gateway API Inference Extension's endpoint picker image, for "
                                        "InferenceDeployments with spec.routing (docs/routing.md). Default: the "
                                        "v1.5.0 release's, from registry.k8s.io."),
+    envoy_image: str = typer.Option("", envvar="CHUNKPILOT_ENVOY_IMAGE",
+                                    help="Envoy's image, for InferenceDeployments with spec.routing.bundledGateway "
+                                         "(docs/routing.md). Default: Envoy v1.40.0's, from docker.io."),
     hf_download_image: str = typer.Option("", envvar="CHUNKPILOT_HF_DOWNLOAD_IMAGE",
                                           help="Image of the init container that downloads hf:// models; it runs "
                                                "`chunkpilot model download`. Default: the pod's engine image."),
@@ -95,6 +98,7 @@ def run(
     """Watch InferenceDeployments and keep their Deployment, Service, knobs ConfigMap, PDB and ServiceMonitor
     as the spec (and the tuner) say. Uses the in-cluster service account, else $KUBECONFIG / ~/.kube/config."""
     from chunkpilot.operator.builders import OperatorSettings
+    from chunkpilot.operator.gateway import ENVOY_IMAGE
     from chunkpilot.operator.routing import EPP_IMAGE
     from chunkpilot.operator.handlers import OperatorConfig, run as run_operator
     from chunkpilot.operator.policy import Policy
@@ -152,6 +156,7 @@ def run(
     config = OperatorConfig(
         namespaces=names,
         engine=OperatorSettings(engine_image=engine_image, epp_image=epp_image or EPP_IMAGE,
+                                envoy_image=envoy_image or ENVOY_IMAGE,
                                 hf_download_image=hf_download_image or None,
                                 hf_endpoint=hf_endpoint or None,
                                 startup_timeout_seconds=startup_timeout,

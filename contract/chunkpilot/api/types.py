@@ -435,6 +435,16 @@ class RoutingSpec(_Model):
                                           description="The endpoint picker's scorers and their weights.")
     gateway: GatewayRef | None = Field(None, description="Also an HTTPRoute from this Gateway to the pool (absent: "
                                                          "route to the InferencePool yourself).")
+    bundled_gateway: bool = Field(False, alias="bundledGateway",
+                                  description="Also an Envoy in front of the picker, for a cluster without a Gateway "
+                                              "that supports the Inference Extension: clients send their requests "
+                                              "to the Service <name>-gateway on port 8000 (status.routing.url).")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        "FailOpen", alias="failureMode",
+        description="What a Gateway does with a request while the picker cannot answer (it restarts, or is gone): "
+                    "FailOpen sends it to a pod of its own choosing, FailClose refuses it (the InferencePool's "
+                    "endpointPickerRef.failureMode). The bundled gateway holds the request and asks the picker "
+                    "again for about 30 s, in either mode.")
 
 
 # What the engine cannot disaggregate yet, refused by the CRD's CEL (admission) and by the Python check below
@@ -748,6 +758,8 @@ class RoutingStatus(_Model):
                                         description="The endpoint picker's ext_proc address (host:port).")
     http_route: str | None = Field(None, alias="httpRoute", description="The HTTPRoute the operator renders "
                                                                         "(spec.routing.gateway).")
+    url: str | None = Field(None, description="The bundled gateway's OpenAI base URL inside the cluster "
+                                              "(spec.routing.bundledGateway).")
     message: str = Field("", description="Why there is no pool yet (the cluster lacks the InferencePool CRD).")
 
 

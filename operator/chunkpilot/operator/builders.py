@@ -30,7 +30,7 @@ CACHE_DIR = "/cache"
 ENGINE_UID = 10001
 # The annotation on the pod template that changes whenever something that needs a restart changes
 # (image, model, resources, engine flags) and never when only the knobs do.
-CONFIG_HASH = f"{GROUP}/config-hash"
+CONFIG_HASH = routing.CONFIG_HASH  # one key: the picker's and the bundled gateway's templates carry it too
 # Shutdown, in order: preStop sleeps while endpoints stop sending new requests to the pod; then SIGTERM, and the
 # engine lets in-flight requests finish for its grace period, aborts the rest with an error event and gives those
 # streams a few seconds to flush (engine/serving/server.py FLUSH_SECONDS); the kubelet's grace period covers all of it.
@@ -82,6 +82,8 @@ class OperatorSettings:
     # The endpoint picker of spec.routing (operator/routing.py): an image the admin chose, never the user's spec,
     # since its pod reads the namespace's pods
     epp_image: str = routing.EPP_IMAGE
+    # spec.routing.bundledGateway's Envoy (operator/gateway.py), the admin's choice for the same reason
+    envoy_image: str = routing.gateway.ENVOY_IMAGE
 
 
 class SpecError(ValueError):
@@ -544,7 +546,7 @@ def desired_objects(obj: InferenceDeployment, settings: OperatorSettings = Opera
         out.append(sm)
     if obj.spec.routing is not None and pool_crd:
         out += routing.objects(obj, lambda n: _meta(obj, n), ENGINE_PORT, settings.epp_image,
-                               selector_labels(obj.metadata["name"]))
+                               selector_labels(obj.metadata["name"]), settings.envoy_image)
     return out
 
 

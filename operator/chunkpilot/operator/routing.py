@@ -10,10 +10,12 @@ picker does not log a missing metric on every poll."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
-from chunkpilot.api.types import ENGINE_TYPE, ENGINE_TYPE_LABEL, InferenceDeployment, RoutingStatus
+from chunkpilot.api.types import ENGINE_TYPE, ENGINE_TYPE_LABEL, GROUP, InferenceDeployment, RoutingStatus
 from chunkpilot.contract import metric_names as m
+from chunkpilot.operator import gateway
 
 # GIE's API groups and the version of the picker the operator renders by default (--epp-image)
 POOL_API = "inference.networking.k8s.io/v1"
@@ -26,6 +28,9 @@ GRPC_PORT, HEALTH_PORT, EPP_METRICS_PORT = 9002, 9003, 9090
 CONFIG_FILE = "plugins.yaml"
 CONFIG_DIR = "/config"
 EPP_UID = 65532  # the distroless nonroot user of GIE's image
+# neither the picker nor Envoy reads its config again: a pod template annotated with the config's hash rolls when
+# the config changes
+CONFIG_HASH = f"{GROUP}/config-hash"
 NO_POOL_CRD = ("spec.routing is set but the cluster has no InferencePool CRD (inferencepools.inference.networking"
                ".k8s.io): install the Gateway API Inference Extension's CRDs (v1.5.0: kubectl apply -f https://github"
                ".com/kubernetes-sigs/gateway-api-inference-extension/releases/download/v1.5.0/manifests.yaml); "
@@ -64,7 +69,12 @@ def picker_config(obj: InferenceDeployment) -> dict:
     }
 
 
-def objects(obj: InferenceDeployment, meta, engine_port: int, epp_image: str, engine_selector: dict) -> list[dict]:
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def objects(obj: InferenceDeployment, meta, engine_port: int, epp_image: str, engine_selector: dict,
+            envoy_image: str = gateway.ENVOY_IMAGE) -> list[dict]:
     """Every routing object of the resource (spec.routing set), with `meta(name)` the operator's metadata (owner
     reference, labels) for a child of that name."""
     name = obj.metadata["name"]
@@ -72,7 +82,8 @@ def objects(obj: InferenceDeployment, meta, engine_port: int, epp_image: str, en
     epp = epp_name(name)
     pool = {"apiVersion": POOL_API, "kind": "InferencePool", "metadata": meta(name),
             "spec": {"selector": {"matchLabels": engine_selector}, "targetPorts": [{"number": engine_port}],
-                     "endpointPickerRef": {"name": epp, "port": {"number": GRPC_PORT}, "failureMode": "FailClose"}}}
+                     "endpointPickerRef": {"name": epp, "port": {"number": GRPC_PORT},
+                                           "failureMode": obj.spec.routing.failure_mode}}}
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(epp)}
     # least privilege, as GIE's chart: the pool, the objectives and rewrites that refine it, and the pods it picks
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(epp),
@@ -86,13 +97,19 @@ def objects(obj: InferenceDeployment, meta, engine_port: int, epp_image: str, en
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp}}
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(epp),
               "data": {CONFIG_FILE: json.dumps(picker_config(obj), indent=2)}}  # JSON is YAML
-    out = [pool, account, role, binding, config, deployment(obj, meta, epp_image), service(obj, meta)]
+    out = [pool, account, role, binding, config, deployment(obj, meta, epp_image, config["data"][CONFIG_FILE]),
+           service(obj, meta)]
     if obj.spec.routing.gateway is not None:
         out.append(http_route(obj, meta))
+    if obj.spec.routing.bundled_gateway:
+        parts = gateway.objects(name, ns, meta, envoy_image, picker=(epp, GRPC_PORT))
+        template = parts[1]["spec"]["template"]["metadata"]
+        template["annotations"] = {CONFIG_HASH: config_hash(parts[0]["data"][gateway.CONFIG_FILE])}
+        out += parts
     return out
 
 
-def deployment(obj: InferenceDeployment, meta, image: str) -> dict:
+def deployment(obj: InferenceDeployment, meta, image: str, config: str) -> dict:
     name = obj.metadata["name"]
     epp = epp_name(name)
     health = {"grpc": {"port": HEALTH_PORT, "service": "inference-extension"}}
@@ -119,11 +136,13 @@ def deployment(obj: InferenceDeployment, meta, image: str) -> dict:
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(epp),
         "spec": {
-            # one replica, Recreate, as GIE's chart: the prefix index lives in the picker's memory, and two
-            # pickers would each know half of what went where
-            "replicas": 1, "strategy": {"type": "Recreate"},
+            # one replica, as GIE's chart: the prefix index lives in the picker's memory, and two pickers would
+            # each know half of what went where. A rollout starts the new picker before it stops the old one
+            # (GIE's chart recreates, for its leader election, which one replica does not use): no gap
+            "replicas": 1, "strategy": {"type": "RollingUpdate",
+                                        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "selector": {"matchLabels": epp_labels(name)},
-            "template": {"metadata": {"labels": epp_labels(name)},
+            "template": {"metadata": {"labels": epp_labels(name), "annotations": {CONFIG_HASH: config_hash(config)}},
                          "spec": {"serviceAccountName": epp,
                                   "securityContext": {"runAsNonRoot": True, "runAsUser": EPP_UID,
                                                       "seccompProfile": {"type": "RuntimeDefault"}},
@@ -171,7 +190,8 @@ def status(obj: InferenceDeployment, pool_crd: bool) -> RoutingStatus | None:
         return RoutingStatus(message=NO_POOL_CRD)
     name, ns = obj.metadata["name"], obj.metadata.get("namespace", "default")
     return RoutingStatus(inference_pool=name, endpoint_picker=f"{epp_name(name)}.{ns}.svc:{GRPC_PORT}",
-                         http_route=name if obj.spec.routing.gateway is not None else None)
+                         http_route=name if obj.spec.routing.gateway is not None else None,
+                         url=gateway.url(name, ns) if obj.spec.routing.bundled_gateway else None)
 
 
 def pod_labels(obj: InferenceDeployment) -> dict[str, str]:
@@ -186,4 +206,5 @@ def optional_children(name: str) -> list[tuple[str, str, str]]:
     return [(POOL_API, "InferencePool", name), ("v1", "ServiceAccount", epp),
             ("rbac.authorization.k8s.io/v1", "Role", epp), ("rbac.authorization.k8s.io/v1", "RoleBinding", epp),
             ("v1", "ConfigMap", epp), ("apps/v1", "Deployment", epp), ("v1", "Service", epp),
-            (ROUTE_API, "HTTPRoute", name)]
+            (ROUTE_API, "HTTPRoute", name), *((v, k, gateway.gateway_name(name)) for v, k in (
+                ("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("v1", "Service")))]
