@@ -496,7 +496,7 @@ def routing(d: dict) -> list[str]:
                       f"tenants with {c['prefix_words']}-word system prompts; shared: {c['requests']} requests per arm "
                       f"and round at {c['rate']:g}/s, unique: {c.get('unique_requests', c['requests'])} at "
                       f"{c.get('unique_rate', c['rate']):g}/s (Poisson), {c['max_tokens']} output tokens; "
-                      f"{c['rounds']} rounds, arms alternating, fresh prompts per arm."]
+                      f"{c['rounds']} rounds, arms alternating, fresh prompts per arm on one arrival schedule."]
 
 
 def _why(rung: dict) -> str:

@@ -189,7 +189,7 @@ def routed_drift_and_removed(k: Cluster, ns: str, op) -> None:
     k.create(sample("r", ns, replicas=1, tuning={"mode": "off"}, routing={"gateway": {"name": "gw"}}))
     assert eventually(lambda: get(k.custom.get_namespaced_custom_object, *route) is not None
                       and k.get("deployments", ns, "r-epp") is not None, 60), op.log()
-    k.custom.patch_namespaced_custom_object(*pool, {"spec": {"endpointPickerRef": {"failureMode": "FailOpen"}}})
+    k.custom.patch_namespaced_custom_object(*pool, {"spec": {"endpointPickerRef": {"failureMode": "FailClose"}}})
     k.custom.patch_namespaced_custom_object(*route, {"spec": {"parentRefs": [{"name": "elsewhere"}]}})
     rbac.patch_namespaced_role("r-epp", ns, {"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})
     rbac.patch_namespaced_role_binding("r-epp", ns, {"subjects": [{"kind": "ServiceAccount", "name": "default",
@@ -198,7 +198,7 @@ def routed_drift_and_removed(k: Cluster, ns: str, op) -> None:
         "app.kubernetes.io/managed-by": "someone"}}})
     k.patch("r", {"metadata": {"labels": {"poke": "1"}}}, ns)
     assert eventually(lambda: k.custom.get_namespaced_custom_object(*pool)["spec"]["endpointPickerRef"][
-        "failureMode"] == "FailClose"
+        "failureMode"] == "FailOpen"  # the spec's default
         and k.custom.get_namespaced_custom_object(*route)["spec"]["parentRefs"][0]["name"] == "gw"
         and len(rbac.read_namespaced_role("r-epp", ns).rules) == 3
         and rbac.read_namespaced_role_binding("r-epp", ns).subjects[0].name == "r-epp"

@@ -234,8 +234,11 @@ def test_an_inference_deployment_is_scraped_through_its_service_monitor_and_serv
     TIMINGS["install_to_first_token_s"] = time.monotonic() - admin.install_started
     sm = admin.k.custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", APP_NS, "servicemonitors", NAME)
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # the Prometheus Operator writes the new scrape config into a Secret at once; Prometheus sees it when the kubelet
+    # next syncs the pod's volumes (syncFrequency 1 m, jittered, kept at its default here), then reloads and scrapes:
+    # two minutes is that path's usual worst case, and a busy node has taken longer
     poll(lambda: [r["value"][1] for r in admin.prometheus(f'up{{namespace="{APP_NS}",service="{NAME}"}}')] == ["1"],
-         120, "the engine scraped through its ServiceMonitor", admin.diagnose, interval=2)
+         240, "the engine scraped through its ServiceMonitor", admin.diagnose, interval=2)
     # the tuner's own series keep the namespace of the deployment they describe (honorLabels), not the tuner's
     series = poll(lambda: admin.prometheus(f'{{__name__=~"chunkpilot:tuner_.*",deployment="{NAME}"}}'), 120,
                   "the tuner's metrics scraped", admin.diagnose, interval=2)

@@ -169,46 +169,24 @@ def test_a_deleted_pod_and_a_restarted_picker_lose_no_request(routed):
     """Under steady load through the gateway: an engine pod deleted (the picker drops it as it terminates, before
     its preStop ends), then the picker's pod deleted (no picker until its replacement is Ready: the gateway holds
     the requests and tries the picker again). No request fails."""
-    import openai
-
     r = routed
-    client = openai.OpenAI(base_url=r.gateway_url(), api_key="unused", max_retries=0, timeout=120)
-    results: list[str] = []
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            try:
-                out = client.completions.create(model="smollm2", prompt="Tell me about bicycles.", max_tokens=2,
-                                                extra_body={"ignore_eos": True})
-                results.append("ok" if out.usage.completion_tokens == 2 else f"short: {out}")
-            except openai.APIError as e:
-                results.append(f"{type(e).__name__}: {e}")
-    threads = [threading.Thread(target=load) for _ in range(2)]
-    for th in threads:
-        th.start()
     picker_labels = {"app.kubernetes.io/name": "chunkpilot-epp"}
-    try:
-        poll(lambda: len(results) >= 4, 60, "requests through the gateway", r.diagnose)
+    with gie.SteadyLoad(r.gateway_url()) as load:
+        poll(lambda: len(load.results) >= 4, 60, "requests through the gateway", r.diagnose)
         victim = r.engines()[-1]
         r.k.core.delete_namespaced_pod(victim.metadata.name, NS)
-        mark = len(results)
+        mark = len(load.results)
         (picker,) = r.ready(picker_labels)
         poll(lambda: picker_metric(picker.status.pod_ip, "inference_pool_ready_pods") == PODS - 1, 30,
              "the deleted pod out of the picker's pool", r.diagnose, interval=0.2)
-        poll(lambda: len(results) >= mark + 4, 60, "requests after the pod went", r.diagnose)
+        poll(lambda: len(load.results) >= mark + 4, 60, "requests after the pod went", r.diagnose)
         r.k.core.delete_namespaced_pod(picker.metadata.name, NS)
         poll(lambda: [p for p in r.ready(picker_labels) if p.metadata.name != picker.metadata.name], 120,
              "a new picker Ready", r.diagnose)
-        mark = len(results)
-        poll(lambda: len(results) >= mark + 4, 60, "requests through the new picker", r.diagnose)
-    finally:
-        stop.set()
-        for th in threads:
-            th.join()
-    failed = [x for x in results if x != "ok"]
-    assert not failed, (failed, len(results), r.diagnose())
-    print(f"\na pod deleted and the picker restarted under load: {len(results)} requests, none failed")
+        mark = len(load.results)
+        poll(lambda: len(load.results) >= mark + 4, 60, "requests through the new picker", r.diagnose)
+    assert not load.failed(), (load.failed(), len(load.results), r.diagnose())
+    print(f"\na pod deleted and the picker restarted under load: {len(load.results)} requests, none failed")
 
 
 def picker_metric(ip: str, name: str) -> float | None:

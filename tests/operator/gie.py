@@ -49,3 +49,43 @@ def installed_crds(control_plane) -> Iterator[None]:
             ext.delete_custom_resource_definition(name)
         assert eventually(lambda: not names & {c.metadata.name for c in ext.list_custom_resource_definition().items}), \
             "the Gateway API Inference Extension's CRDs must be gone before other modules run"
+
+
+class SteadyLoad:
+    """Two clients sending short completions through a gateway one after another until stop(), each outcome
+    recorded ("ok", or the error): what a restart or a deleted pod under load must not fail. A context manager, so
+    its threads end when a test fails too."""
+
+    def __init__(self, base_url: str, clients: int = 2) -> None:
+        import threading
+
+        import openai
+
+        self.results: list[str] = []  # list.append is atomic: the clients' threads share it without a lock
+        self._stop = threading.Event()
+        self._client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+        self._threads = [threading.Thread(target=self._run) for _ in range(clients)]
+
+    def _run(self) -> None:
+        import openai
+
+        while not self._stop.is_set():
+            try:
+                out = self._client.completions.create(model="smollm2", prompt="Tell me about bicycles.",
+                                                      max_tokens=2, extra_body={"ignore_eos": True})
+                self.results.append("ok" if out.usage.completion_tokens == 2 else f"short: {out}")
+            except openai.APIError as e:
+                self.results.append(f"{type(e).__name__}: {e}")
+
+    def __enter__(self) -> "SteadyLoad":
+        for th in self._threads:
+            th.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for th in self._threads:
+            th.join()
+
+    def failed(self) -> list[str]:
+        return [r for r in self.results if r != "ok"]

@@ -401,37 +401,15 @@ def test_the_picker_restarted_under_load_loses_no_request(chain):
     test's last part; GIE's FailClose, the only mode Envoy has in FULL_DUPLEX_STREAMED)."""
     import time
 
-    import openai
-
-    client = openai.OpenAI(base_url=chain.gateway, api_key="unused", max_retries=0, timeout=120)
-    results: list[str] = []
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            try:
-                out = client.completions.create(model="smollm2", prompt="Tell me about bicycles.", max_tokens=2,
-                                                extra_body={"ignore_eos": True})
-                results.append("ok" if out.usage.completion_tokens == 2 else f"short: {out}")
-            except openai.APIError as e:
-                results.append(f"{type(e).__name__}: {e}")
-    threads = [threading.Thread(target=load) for _ in range(2)]
-    for th in threads:
-        th.start()
-    try:
-        assert eventually(lambda: len(results) >= 4, 60), results
+    with gie_parts.SteadyLoad(chain.gateway) as load:
+        assert eventually(lambda: len(load.results) >= 4, 60), load.results
         chain.picker.stop()
-        during = len(results)
+        during = len(load.results)
         time.sleep(2)
         chain.picker.start()
         assert eventually(chain.picker.ready, 60), chain.diagnose()
-        assert eventually(lambda: len(results) >= during + 6, 60), results
-    finally:
-        stop.set()
-        for th in threads:
-            th.join()
-    failed = [r for r in results if r != "ok"]
-    assert not failed, (failed, len(results), chain.diagnose())
+        assert eventually(lambda: len(load.results) >= during + 6, 60), load.results
+    assert not load.failed(), (load.failed(), len(load.results), chain.diagnose())
     # no picker for good: each request is held about gateway.HOLD_SECONDS, then refused
     chain.picker.stop()
     try:

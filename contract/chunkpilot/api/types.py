@@ -444,7 +444,7 @@ class RoutingSpec(_Model):
         description="What a Gateway does with a request while the picker cannot answer (it restarts, or is gone): "
                     "FailOpen sends it to a pod of its own choosing, FailClose refuses it (the InferencePool's "
                     "endpointPickerRef.failureMode). The bundled gateway holds the request and asks the picker "
-                    "again for about 30 s, in either mode.")
+                    "again for about 15 s, in either mode.")
 
 
 # What the engine cannot disaggregate yet, refused by the CRD's CEL (admission) and by the Python check below

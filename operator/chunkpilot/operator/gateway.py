@@ -4,7 +4,7 @@ go to the picker over ext_proc (FULL_DUPLEX_STREAMED); it answers with the pod i
 and an ORIGINAL_DST cluster sends the request there (docs/routing.md).
 
 While no picker answers (its pod restarts, or is replaced), Envoy holds each request and tries the picker again,
-for up to about HOLD_SECONDS; then it answers 500. It cannot fail open (send the request on without a pick) in
+for about HOLD_SECONDS; then it answers 500. It cannot fail open (send the request on without a pick) in
 FULL_DUPLEX_STREAMED, whatever failure_mode_allow says: the body has gone to the picker (Envoy 1.40 answers 500,
 checked), so the pool's failureMode is for Gateways that can. Envoy drops a destination header a client sent
 before anything reads it, so no client picks the address a request goes to."""
@@ -24,9 +24,10 @@ ENVOY_UID = 65532
 TYPES = "type.googleapis.com/envoy.extensions"
 NO_PICK = ('{"error": {"message": "the endpoint picker chose no pod for this request", '
            '"type": "service_unavailable", "code": 503}}')
-# how long a request waits for a picker: a picker pod's replacement is Ready in a few seconds
+# how long a request waits for a picker: a picker pod's replacement is Ready in a few seconds. Envoy's back-off is
+# jittered (each wait random up to the cap), so the hold is about half of retries x cap
 PICKER_RETRIES, PICKER_BACKOFF_MAX = 30, 1.0
-HOLD_SECONDS = PICKER_RETRIES * PICKER_BACKOFF_MAX
+HOLD_SECONDS = PICKER_RETRIES * PICKER_BACKOFF_MAX / 2
 
 
 @dataclass(frozen=True)
