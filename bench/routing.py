@@ -157,8 +157,9 @@ def merge(runs: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rate", type=float, default=1.8, help="shared trace: requests per second, both arms")
-    ap.add_argument("--requests", type=int, default=80, help="shared trace: requests per arm and round")
+    # past the Service's capacity, and long enough that the backlog, not the arrival window, sets the duration
+    ap.add_argument("--rate", type=float, default=2.4, help="shared trace: requests per second, both arms")
+    ap.add_argument("--requests", type=int, default=160, help="shared trace: requests per arm and round")
     ap.add_argument("--unique-rate", type=float, default=0.5,
                     help="unique trace: requests per second (every prompt is computed whole: a lower rate)")
     ap.add_argument("--unique-requests", type=int, default=40)

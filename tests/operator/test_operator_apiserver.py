@@ -196,15 +196,22 @@ def replicasets(k: Cluster, instance: str) -> set[str]:
 
 
 def play_kubelet(k: Cluster, namespace: str, instance: str) -> int:
-    """No kubelet here: mark the instance's pods Running and Ready ourselves, as a kubelet would."""
+    """No kubelet here: mark the instance's pods Running and Ready ourselves, as a kubelet would; how many it marked
+    (a pod a ReplicaSet deleted between the list and the patch is not counted: the caller asks again)."""
     pods = k.core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={instance}").items
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    marked = 0
     for pod in pods:
-        k.core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": {
-            "phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
-                                               {"type": "ContainersReady", "status": "True",
-                                                "lastTransitionTime": now}]}})
-    return len(pods)
+        try:
+            k.core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": {
+                "phase": "Running", "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
+                                                   {"type": "ContainersReady", "status": "True",
+                                                    "lastTransitionTime": now}]}})
+            marked += 1
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    return marked
 
 
 def test_deployment_status_drives_the_conditions(cluster):
