@@ -65,6 +65,8 @@ def test_routing_renders_a_pool_of_the_engine_pods_and_its_endpoint_picker():
     assert args[args.index("--pool-name") + 1] == name and args[args.index("--pool-namespace") + 1] == "ml"
     assert args[args.index("--config-file") + 1] == "/config/plugins.yaml"
     assert epp["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-epp"
+    # a rollout starts the new picker before it stops the old one: no gap without a picker
+    assert epp["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     # the picker reads its config once: another config, another pod
     other = by_kind(b.desired_objects(routed({"scorerWeights": {"queue": 1}}), settings, pool_crd=True))
     annotation = [d["spec"]["template"]["metadata"]["annotations"][routing.CONFIG_HASH]
