@@ -57,7 +57,7 @@ def check_step_model(source, servers) -> None:
 
     from chunkpilot.contract import metric_names as m
     from chunkpilot.contract.step_cost import TERMS
-    from chunkpilot.tuner.prometheus import step_moments_query
+    from chunkpilot.tuner.prometheus import arrivals_by_pod_query, step_moments_query
 
     def own() -> dict[str, float]:
         scraped = [s.metrics() for s in servers]  # one scrape each: the window's edges stay sharp
@@ -76,6 +76,9 @@ def check_step_model(source, servers) -> None:
         assert through[term] == pytest.approx(direct[term], rel=0.2), (term, through[term], direct[term])
     model = source.step_model(32)
     assert model is not None and model.relative_error < 0.5, model
+    # each pod's arrivals, for the busiest pod's share (a picker may load one pod more): both pods, counted
+    per_pod = source.query(arrivals_by_pod_query(source.selector, 32))
+    assert len(per_pod) == 2 and all(float(r["value"][1]) > 0 for r in per_pod), per_pod
 
 
 def test_local_tuner_with_real_engines_and_prometheus(engines, tmp_path):

@@ -3,7 +3,9 @@ measured on (bench/autoscale.py, tests/tuner/test_autoscale.py).
 
 * Each replica is a Simulator (the real scheduler, a fitted step cost). The fleet routes every arrival, at its
   arrival time, to a ready replica: round-robin, or least-loaded (fewest requests in the system), as a
-  Kubernetes Service or a gateway would.
+  Kubernetes Service or a gateway would; or uneven (each arrival to replica i with probability `weights[i]`,
+  seeded): the per-pod load a prefix-aware picker makes when it keeps a big tenant's prompts on the pod that
+  caches its prefix (docs/routing.md).
 * A scale-up adds replicas that take `startup` seconds before they are ready (a pod loading its model); a
   scale-down stops routing to the newest replicas and removes each once it has finished its requests (a
   draining pod). Replica-seconds count every replica from its start to its removal: what the cluster pays for.
@@ -13,6 +15,7 @@ measured on (bench/autoscale.py, tests/tuner/test_autoscale.py).
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -27,7 +30,7 @@ from chunkpilot.sim.costmodel import StepCost
 from chunkpilot.sim.simulator import Simulator, load_over, model_over, window_over
 from chunkpilot.tuner.space import Knobs
 
-BALANCERS = ("least-loaded", "round-robin")
+BALANCERS = ("least-loaded", "round-robin", "uneven")
 
 
 @dataclass
@@ -48,10 +51,17 @@ class Fleet:
     startup: float = 30.0
     sim_options: dict = field(default_factory=dict)
     count_from: float = 0.0  # replica-seconds are counted from this time on
+    weights: tuple[float, ...] = ()  # uneven: each replica's share of the arrivals, in the order they started
+    seed: int = 0  # uneven: the routing's random stream
 
     def __post_init__(self) -> None:
         if self.balancer not in BALANCERS:
             raise ValueError(f"balancer must be one of {', '.join(BALANCERS)}, got {self.balancer!r}")
+        if self.balancer == "uneven" and (len(self.weights) != self.replicas or min(self.weights) < 0
+                                          or sum(self.weights) <= 0):
+            raise ValueError(f"uneven routing needs one non-negative weight per replica ({self.replicas}), "
+                             f"got {self.weights!r}")
+        self._rng = random.Random(self.seed)
         self.now = 0.0
         self.generation = 0
         self.pending = deque(sorted(self.requests, key=lambda r: r.arrival))
@@ -78,6 +88,12 @@ class Fleet:
         if self.balancer == "round-robin":
             target = targets[self._next % len(targets)]
             self._next += 1
+        elif self.balancer == "uneven":
+            # a replica beyond the weights (one a scale-up added) gets the mean share
+            mean = sum(self.weights) / len(self.weights)
+            weights = [self.weights[self.live.index(r)] if self.live.index(r) < len(self.weights) else mean
+                       for r in targets]
+            target = self._rng.choices(targets, weights=weights)[0]
         else:
             target = min(targets, key=lambda r: r.sim.in_system)
         target.sim.pending.append(spec)

@@ -24,7 +24,7 @@ from chunkpilot.engine.speculation.proposers import propose_drafts
 from chunkpilot.loadgen.stats import RequestRecord, meets
 from chunkpilot.loadgen.workloads import RequestSpec
 from chunkpilot.tuner.measurement import Window
-from chunkpilot.tuner.predictor import Load, prompts_from_buckets
+from chunkpilot.tuner.predictor import Load, imbalance_of, prompts_from_buckets
 from chunkpilot.sim.costmodel import StepCost
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.step_model import StepModel, fit_moments
@@ -258,7 +258,8 @@ def load_over(sims: list[Simulator], now: float, seconds: float, pods: int | Non
     cumulative = {le: float(sum(1 for p in arrived if p <= le)) for le in PROMPT_BUCKETS}
     steps = sum(1 for s in sims for r in s.step_log[-20000:] if r[0] > t0)
     drafts = [(n, k) for s in sims for t, n, k in s.draft_log[-20000:] if t > t0]
-    return Load(request_rate=len(arrived) / seconds / pods,
+    per_pod = [float(sum(1 for a, _, _ in s.arrivals if t0 < a <= t1)) for s in sims]
+    return Load(request_rate=len(arrived) / seconds / pods, imbalance=imbalance_of(per_pod, pods),
                 prompts=prompts_from_buckets(cumulative, float(np.mean(arrived)) if arrived else None),
                 running=decoding / pods,
                 drafting=sum(n for n, _ in drafts) / steps if steps else 0.0,

@@ -27,7 +27,6 @@ from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.kube.conditions import now_rfc3339
 from chunkpilot.tuner import guide, reasons
 from chunkpilot.tuner.interfaces import Scaler
-from chunkpilot.tuner.predictor import Load
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.state import ScalingState
 
@@ -72,11 +71,9 @@ class Decision:
 
 
 def spread(context: guide.Context, pods: int) -> guide.Context:
-    """The deployment's whole load (per-pod load times the pods measured) spread evenly over `pods`."""
-    load, total = context.load, max(1, context.pods)
-    return guide.Context(context.model, Load(request_rate=load.request_rate * total / pods, prompts=load.prompts,
-                                             running=load.running * total / pods, mean_context=load.mean_context),
-                         pods)
+    """The deployment's whole load (per-pod load times the pods measured) spread over `pods` as it is spread now
+    (the measured imbalance kept: a pod a scale-up adds takes a mean share)."""
+    return guide.Context(context.model, context.load.scaled(max(1, context.pods) / pods), pods)
 
 
 def fits(context: guide.Context, pods: int, knobs: Knobs, slo: SLOTargets, target: float,

@@ -183,10 +183,7 @@ def stressed(context: Context, stress: float) -> Context:
     """The context with `stress` more arrivals and decodes in flight: knobs must keep the SLOs through the load
     changes the tuner does not treat as drift (TunerSettings.drift_load_shift), or a quiet minute makes every
     budget look safe and the first busy one breaches."""
-    load = context.load
-    return Context(context.model, Load(request_rate=load.request_rate * (1 + stress), prompts=load.prompts,
-                                       running=load.running * (1 + stress), mean_context=load.mean_context),
-                   context.pods)
+    return Context(context.model, context.load.scaled(1 + stress), context.pods)
 
 
 def screen(context: Context, candidates: list[Knobs], slo: SLOTargets,
@@ -275,18 +272,15 @@ def closest(screened: list[Judged], slo: SLOTargets) -> Knobs:
 def replicas_needed(context: Context, knobs: Knobs, slo: SLOTargets, observations: list[Observation] = ()
                     ) -> int | None:
     """The fewest pods at which `knobs` are predicted safe for the deployment's whole load (the measured load per
-    pod times the pods, spread evenly). None when more replicas cannot help: not even REPLICAS_CAP pods would do,
-    or only pods left mostly idle (prefill utilization under MIN_USEFUL_UTILIZATION) would, which says a single
-    request is too slow for the SLO rather than the queue too long (the demo's 1024-token prompts on one CPU
-    thread: "36 replicas" for 0.44 req/s, an answer no one should act on)."""
+    pod times the pods, spread as it is now: Load.imbalance kept). None when more replicas cannot help: not even
+    REPLICAS_CAP pods would do, or only pods left mostly idle (prefill utilization under MIN_USEFUL_UTILIZATION)
+    would, which says a single request is too slow for the SLO rather than the queue too long (the demo's
+    1024-token prompts on one CPU thread: "36 replicas" for 0.44 req/s, an answer no one should act on)."""
     load = context.load
-    total_rate, total_running = load.request_rate * context.pods, load.running * context.pods
     # from one pod more than run: the closest knobs are here because nothing is allowed at the pods that run (a
     # prediction of "safe" there was overruled by a measurement), so the answer is never "as many as now"
     for pods in range(max(1, context.pods) + 1, REPLICAS_CAP + 1):
-        spread = Load(request_rate=total_rate / pods, prompts=load.prompts, running=total_running / pods,
-                      mean_context=load.mean_context)
-        judged = judge(Context(context.model, spread, pods), knobs, slo, observations)
+        judged = judge(Context(context.model, load.scaled(context.pods / pods), pods), knobs, slo, observations)
         if judged.safe:
             return pods if judged.candidate.utilization >= MIN_USEFUL_UTILIZATION else None
     return None

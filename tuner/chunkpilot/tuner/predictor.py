@@ -11,7 +11,7 @@ through."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chunkpilot.contract.step_cost import features_of, kv_kilotokens
 from chunkpilot.tuner.space import Knobs
@@ -31,6 +31,21 @@ class Load:
     # out of the budget before any prompt chunk. 0: off, or nothing drafted.
     drafting: float = 0.0
     draft_tokens: float = 0.0
+    # The busiest pod's arrivals over the mean pod's (imbalance_of): a prefix-aware picker keeps a tenant on the pod
+    # that caches its prefix, and the SLO is lost on that pod first. Assumed to hold when the pods change (a new pod
+    # takes a mean share of the arrivals, so the busiest pod's share shrinks with the mean).
+    imbalance: float = 1.0
+
+    def busiest(self) -> "Load":
+        """The busiest pod's load: what knobs are predicted on."""
+        if self.imbalance <= 1.0:
+            return self
+        return replace(self, request_rate=self.request_rate * self.imbalance, running=self.running * self.imbalance,
+                       imbalance=1.0)
+
+    def scaled(self, factor: float) -> "Load":
+        """`factor` times the arrivals and decodes in flight, the rest (mix, drafts, imbalance) kept."""
+        return replace(self, request_rate=self.request_rate * factor, running=self.running * factor)
 
     @property
     def mean_prompt_tokens(self) -> float:
@@ -127,7 +142,20 @@ def full_step_features(knobs: Knobs, load: Load) -> tuple[tuple[float, ...], tup
             features_of(share + d.draft_tokens, d.decodes, d.kv + sum(kv_kilotokens(s, n) for s, n in chunks)))
 
 
+def imbalance_of(arrivals: list[float], pods: int) -> float:
+    """The busiest pod's arrivals in a window over the mean pod's, less what Poisson counts vary by: the busiest
+    count is discounted by two standard deviations of the mean count (sqrt of it), so an even pool reads 1 (three
+    pods at 40 arrivals each: the busiest often counts 50) and a picker's concentration does not (0.6/0.2/0.2 of
+    120: 72 against 40 reads 1.48)."""
+    mean = sum(arrivals) / max(1, pods)
+    if mean <= 0 or not arrivals:
+        return 1.0
+    return max(1.0, (max(arrivals) - 2.0 * math.sqrt(mean)) / mean)
+
+
 def predict(model: StepModel | UpperBound, knobs: Knobs, load: Load, quantile: float = 0.99) -> Prediction:
+    """What `knobs` do on the busiest pod at `load`."""
+    load = load.busiest()
     d = _Decodes.of(load)
     share = max(1, round(knobs.token_budget - d.budget))  # what a step has left for prompts
     per_prompt = min(knobs.max_chunk, share)  # one prompt gets at most this many tokens a step

@@ -17,7 +17,7 @@ from chunkpilot.contract.slo import DEFAULT_QUANTILE, SLOTargets
 from chunkpilot.tuner.interfaces import MeasurementUnavailable
 from chunkpilot.tuner.measurement import Window
 from chunkpilot.tuner.guide import Context
-from chunkpilot.tuner.predictor import Load, prompts_from_buckets
+from chunkpilot.tuner.predictor import Load, imbalance_of, prompts_from_buckets
 from chunkpilot.tuner.step_model import StepModel, fit_moments
 
 
@@ -35,6 +35,11 @@ def buckets_query(metric: str, selector: str, seconds: float) -> str:
 
 def rate_query(metric: str, selector: str, seconds: float) -> str:
     return f"sum(rate({metric}{{{selector}}}[{_w(seconds)}]))"
+
+
+def arrivals_by_pod_query(selector: str, seconds: float) -> str:
+    """Each pod's arrivals (first tokens) in the window: a picker may load one pod more than the others."""
+    return f"sum by (instance) (increase({m.TTFT}_count{{{selector}}}[{_w(seconds)}]))"
 
 
 def step_moments_query(selector: str, seconds: float) -> str:
@@ -153,8 +158,10 @@ class PrometheusMeasurer:
         if model is None or not prompts or not pods or arrivals <= 0:
             return None
         pods = int(round(pods))
+        per_pod = [float(r["value"][1]) for r in src.query(arrivals_by_pod_query(sel, seconds))]
         return Context(model=model, load=Load(request_rate=arrivals / pods, prompts=prompts, running=running / pods,
-                                              drafting=drafting, draft_tokens=draft_tokens), pods=pods)
+                                              drafting=drafting, draft_tokens=draft_tokens,
+                                              imbalance=imbalance_of(per_pod, pods)), pods=pods)
 
     def measure(self, seconds: float) -> Window:
         sel, src = self.source.selector, self.source
