@@ -207,6 +207,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("prefill_retries", int, PREFILL_RETRIES, "Other prefill pods a decode engine tries, at most, when one "
             "fails a prompt (unreachable, transfer, checksum, lease, KV layout) and the time that try took is less "
             "than prefilling the prompt here would take; then it prefills locally. 0: never.", "server"),
+    Setting("slo_classes", str, None, "Per-request SLO classes as JSON {\"default\": NAME, \"classes\": [{\"name\", "
+            "\"priority\" (higher is more important, below 0 sheddable), \"ttft\"/\"itl\": {\"threshold\", "
+            "\"quantile\"}, \"share\", \"queue_limit\"}]}; a request picks one with the x-chunkpilot-slo-class "
+            "header, the Inference Extension's objective header or service_tier (docs/slo-classes.md).", "engine",
+            operator=True),
     Setting("seed", int, 0, "Seed for requests without their own.", "engine"),
     Setting("log_level", str, "info", "debug | info | warning | error.", "listen"),
 )

@@ -91,6 +91,12 @@ KV_FALLBACK_REASONS = ("unreachable", "fingerprint", "no_room", "transfer", "che
 KV_RETRY_REASONS = ("unreachable", "fingerprint", "transfer", "checksum", "lease")
 
 MODEL_LABEL = "model_name"
+# Per-request SLO classes (docs/slo-classes.md): the latency histograms and the finished-request counter carry the
+# request's class ("default" without classes), so summing over it gives vLLM's series; the SLO-met counter counts
+# the finished requests that kept their class's TTFT and ITL thresholds (the ITL at its quantile over the
+# request's own gaps, as the load generator judges)
+SLO_CLASS_LABEL = "slo_class"
+SLO_MET = PREFIX + "slo_met_requests_total"
 
 ALL_NAMES = (
     TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS,
@@ -101,7 +107,7 @@ ALL_NAMES = (
     SCHEDULER_MAX_CHUNK, SCHEDULER_GENERATION, SCHEDULER_KNOB_ERRORS, STEP_COST_MOMENTS, TENSOR_PARALLEL_SIZE,
     RANK_WEIGHT_BYTES, RANK_KV_CACHE_BYTES, KV_XFER_TIME, KV_BYTES_TRANSFERRED, KV_FAILED_TRANSFERS, KV_TRANSFERS,
     KV_TRANSFER_BYTES, KV_FALLBACKS, KV_RETRIES, REMOTE_PREFILLS_SERVED, KV_LEASES_HELD, PREFILL_PEERS_READY,
-    DISAGG_ROLE, TTFT_PHASE,
+    DISAGG_ROLE, TTFT_PHASE, SLO_MET,
 )
 HISTOGRAMS = (TTFT, ITL, TPOT, E2E, QUEUE_TIME, PREFILL_TIME, DECODE_TIME, REQUEST_PROMPT_TOKENS,
               REQUEST_GENERATION_TOKENS, ITERATION_TOKENS, KV_XFER_TIME, KV_BYTES_TRANSFERRED, TTFT_PHASE)

@@ -9,8 +9,9 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from chunkpilot.contract.slo import IMPLICIT_CLASS, SLOClass, kept
 from chunkpilot.engine.core.knobs import KnobHolder
 from chunkpilot.engine.core.outputs import RequestOutput
 from chunkpilot.engine.core.sampling_params import SamplingParams
@@ -50,6 +51,7 @@ class _Live:
     # --first-token with-kv: when the first token was sampled, and its output, held back until the blocks are here
     prefilled: float | None = None
     held: RequestOutput | None = None
+    gaps: list[float] = field(default_factory=list)  # with SLO classes: its inter-token gaps (the SLO-met counter)
 
 
 # Tokenizing and chat templating run here, off the event loop, so a large prompt never stalls /health or other
@@ -71,6 +73,7 @@ class AsyncEngine:
         self.max_waiting = max_waiting
         self._live: dict[str, _Live] = {}
         self._preparing = 0  # requests being tokenized (event-loop thread only)
+        self._class_waiting: dict[str, int] = {}  # SLO class -> requests without a first output (event loop only)
         self._closing = False  # drain has aborted what was left: nothing more may be submitted
         self._prepare = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="tokenize")
         self._lock = threading.Lock()
@@ -157,7 +160,7 @@ class AsyncEngine:
     async def generate(
         self, request_id: str, prompt=None, params: SamplingParams | None = None, *, messages=None,
         cache_salt: bytes = b"", hold_kv: bool = False, remote_auth: str | None = None,
-        remote_salt: str | None = None,
+        remote_salt: str | None = None, slo_class: SLOClass | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs as steps produce them. Raises ValueError (bad input), QueueFullError,
         EngineUnavailableError before the first output. Closing the iterator early aborts the request and frees
@@ -165,53 +168,67 @@ class AsyncEngine:
 
         Disaggregation: `hold_kv` (prefill role) keeps the finished prompt's blocks for a decode pod (the last
         output's `held_blocks`); `remote_auth`/`remote_salt`: the caller's Authorization header and own cache
-        salt, which a prefill pod needs to salt the prompt as this engine does."""
+        salt, which a prefill pod needs to salt the prompt as this engine does. `slo_class`: the request's SLO
+        class (None without classes); a sheddable class past its queue limit raises QueueFullError."""
         if self.draining or not self.alive:
             raise EngineUnavailableError("the engine is shutting down" if self.draining else "the engine stopped")
         self._admit()
-        loop = asyncio.get_running_loop()
-        self._preparing += 1
+        self._admit_class(slo_class)
+        # waiting in its class until its first output (counted on the event loop's thread only)
+        queued = slo_class.name if slo_class is not None else None
+        if queued is not None:
+            self._class_waiting[queued] = self._class_waiting.get(queued, 0) + 1
         try:
-            seq = await loop.run_in_executor(
-                self._prepare, lambda: self.engine.make_sequence(request_id, prompt, params, messages=messages,
-                                                                 cache_salt=cache_salt))
-        finally:
-            self._preparing -= 1
-        seq.hold_kv = hold_kv
-        live = _Live(seq, asyncio.Queue(), loop)
-        with self._lock:
-            if self.error is not None:  # the loop died after the check above: do not wait for it forever
-                raise EngineUnavailableError("the engine stopped")
-            if self._closing:  # tokenized after the grace period ended: nobody would abort it any more
-                raise EngineUnavailableError("the engine is shutting down")
-            if request_id in self._live:
-                raise ValueError(f"request id {request_id!r} is already in flight")
-            self._live[request_id] = live
-        peer = self.remote.route(seq) if self.remote is not None else None
-        if peer is None:
-            self.engine.submit(seq)
-        else:
-            live.remote = asyncio.ensure_future(self._remote_prefill(live, peer, remote_auth, remote_salt))
-        self._wake.set()
-        finished = False
-        try:
-            while True:
-                item = await live.queue.get()
-                if isinstance(item, BaseException):
-                    raise EngineUnavailableError(f"the engine failed: {item}") from item
-                yield item
-                if item.finished:
-                    finished = True
-                    return
-        finally:
-            if not finished:  # client went away or the caller stopped reading
-                live.abandoned = True  # a remote prefill in flight puts nothing into the engine any more
-                self.engine.abort(request_id)
-                if hold_kv:  # it may have finished holding blocks that no lease will ever release
-                    self.engine.drop_held(seq)
-                self._wake.set()
+            loop = asyncio.get_running_loop()
+            self._preparing += 1
+            try:
+                seq = await loop.run_in_executor(
+                    self._prepare, lambda: self.engine.make_sequence(request_id, prompt, params, messages=messages,
+                                                                     cache_salt=cache_salt))
+            finally:
+                self._preparing -= 1
+            seq.hold_kv = hold_kv
+            seq.slo_class = slo_class
+            live = _Live(seq, asyncio.Queue(), loop)
             with self._lock:
-                self._live.pop(request_id, None)
+                if self.error is not None:  # the loop died after the check above: do not wait for it forever
+                    raise EngineUnavailableError("the engine stopped")
+                if self._closing:  # tokenized after the grace period ended: nobody would abort it any more
+                    raise EngineUnavailableError("the engine is shutting down")
+                if request_id in self._live:
+                    raise ValueError(f"request id {request_id!r} is already in flight")
+                self._live[request_id] = live
+            peer = self.remote.route(seq) if self.remote is not None else None
+            if peer is None:
+                self.engine.submit(seq)
+            else:
+                live.remote = asyncio.ensure_future(self._remote_prefill(live, peer, remote_auth, remote_salt))
+            self._wake.set()
+            finished = False
+            try:
+                while True:
+                    item = await live.queue.get()
+                    if isinstance(item, BaseException):
+                        raise EngineUnavailableError(f"the engine failed: {item}") from item
+                    if queued is not None:  # its first output: no longer waiting in its class
+                        self._class_waiting[queued] -= 1
+                        queued = None
+                    yield item
+                    if item.finished:
+                        finished = True
+                        return
+            finally:
+                if not finished:  # client went away or the caller stopped reading
+                    live.abandoned = True  # a remote prefill in flight puts nothing into the engine any more
+                    self.engine.abort(request_id)
+                    if hold_kv:  # it may have finished holding blocks that no lease will ever release
+                        self.engine.drop_held(seq)
+                    self._wake.set()
+                with self._lock:
+                    self._live.pop(request_id, None)
+        finally:
+            if queued is not None:
+                self._class_waiting[queued] -= 1
 
     async def _remote_prefill(self, live: _Live, peer, auth: str | None, salt: str | None) -> None:
         """A prefill pod computes the prompt; its first token goes to the client at once; the blocks are pulled
@@ -335,6 +352,16 @@ class AsyncEngine:
     def num_running(self) -> int:
         return self.engine.num_running
 
+    def _admit_class(self, slo_class: SLOClass | None) -> None:
+        """A sheddable class has a queue of its own: past its limit a request of it is refused (HTTP 429)."""
+        if slo_class is None or slo_class.queue_limit is None:
+            return
+        waiting = self._class_waiting.get(slo_class.name, 0)
+        if waiting >= slo_class.queue_limit:
+            self.metrics.rejected.labels(self.metrics.model_name, "class_queue_full").inc()
+            raise QueueFullError(f"{waiting} requests of SLO class {slo_class.name!r} are already waiting (its "
+                                 f"queueLimit is {slo_class.queue_limit})")
+
     def _admit(self) -> None:
         waiting = self.num_waiting
         if waiting >= self.max_waiting:
@@ -374,26 +401,34 @@ class AsyncEngine:
         if live is None:
             return
         m = self.metrics
+        slo_class = live.seq.slo_class
+        c = m.classed(slo_class.name if slo_class is not None else IMPLICIT_CLASS)
         if out.new_token_ids:
             m.generation_tokens.inc(len(out.new_token_ids))
             if live.first_token is None:
                 live.first_token = now
                 seq = live.seq
-                m.ttft.observe(now - seq.arrival_time)
+                c.ttft.observe(now - seq.arrival_time)
                 started = seq.first_scheduled_time or now
                 m.queue_time.observe(started - seq.arrival_time)
                 m.prefill_time.observe(now - started)
                 m.prompt_tokens.inc(out.num_prompt_tokens)
             else:
-                m.itl.observe(now - live.last_token)
+                c.itl.observe(now - live.last_token)
+                if slo_class is not None:
+                    live.gaps.append(now - live.last_token)
                 if live.admitted is not None:  # the first step after pulled blocks joined the batch
                     m.ttft_phase("first_decode").observe(now - live.admitted)
                     live.admitted = None
             live.last_token = now
         if out.finished and out.finish_reason != "abort":
             seq = live.seq
-            m.e2e.observe(now - seq.arrival_time)
-            m.request_success.labels(m.model_name, out.finish_reason).inc()
+            c.e2e.observe(now - seq.arrival_time)
+            c.finished(out.finish_reason).inc()
+            if slo_class is not None and live.first_token is not None and kept(slo_class.slo,
+                                                                            live.first_token - seq.arrival_time,
+                                                                            live.gaps):
+                c.slo_met.inc()
             m.request_prompt_tokens.observe(out.num_prompt_tokens)
             m.request_generation_tokens.observe(out.num_output_tokens)
             if live.first_token is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.contract.knobs import SchedulerKnobs
+from chunkpilot.contract.slo import SLOClasses
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 SPECULATIVE_METHODS = defaults.SPECULATIVE_METHODS
@@ -109,8 +110,12 @@ class EngineConfig:
     # Compile the forward of small steps (decodes) with torch.compile at start-up (execution/compiled_forward.py);
     # CPU only
     compile: bool = setting_default("compile")
+    # Per-request SLO classes (docs/slo-classes.md): --slo-classes JSON or parsed; None: one implicit class
+    slo_classes: SLOClasses | str | None = setting_default("slo_classes")
 
     def __post_init__(self) -> None:
+        if isinstance(self.slo_classes, str):
+            self.slo_classes = SLOClasses.from_json(self.slo_classes) if self.slo_classes.strip() else None
         if not isinstance(self.speculative_config, SpeculativeConfig):
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if self.dtype not in DTYPES:
@@ -152,3 +157,5 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_model_len: int = 2048
     eos_token_ids: tuple[int, ...] = ()
+    # Per-request SLO classes (docs/slo-classes.md); None or one class: first come first served, as without them
+    classes: SLOClasses | None = None

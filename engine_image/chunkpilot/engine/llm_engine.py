@@ -126,7 +126,8 @@ class LLMEngine:
         )
         eos = self.model_config.eos_token_ids
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos)), self.block_manager, self.knobs,
+            SchedulerConfig(config.max_num_seqs, self.max_model_len, tuple(eos), config.slo_classes),
+            self.block_manager, self.knobs,
             spec.num_speculative_tokens if spec else 0, spec.disable_by_batch_size if spec else None,
         )
 
@@ -416,6 +417,7 @@ class LLMEngine:
             step_features((c.start, c.num_tokens, i < sched.num_decodes) for i, c in enumerate(sched.chunks)),
             **_draft_counts(sched, result),
         )
+        self.scheduler.observe(sched, self.last_step.seconds)
         if self._row_cost is not None:
             self._draft_threshold(sched)
         for seq in self.scheduler.update(sched, result):

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily
 
@@ -12,6 +16,7 @@ from chunkpilot.contract.metric_names import (CACHE_CONFIG_INFO, CACHE_CONFIG_LA
                                               ITL_BUCKETS, MODEL_LABEL,
                                               REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, one_two_five_buckets)
 from chunkpilot.contract.engine_settings import ROLES
+from chunkpilot.contract.slo import IMPLICIT_CLASS
 from chunkpilot.contract.step_cost import StepMoments
 from chunkpilot.engine.core.block_manager import CacheShape
 
@@ -24,11 +29,25 @@ def _base(name: str) -> str:
     return name.removesuffix("_total")
 
 
+@dataclass(frozen=True)
+class ClassMetrics:
+    """One SLO class's series (the `slo_class` label bound)."""
+
+    ttft: Any
+    itl: Any
+    e2e: Any
+    slo_met: Any
+    finished: Callable[[str], Any]  # by finish reason
+
+
 class EngineMetrics:
     """The engine's collectors, registered in their own registry (one engine per process, tests make many)."""
 
-    def __init__(self, model_name: str, max_model_len: int, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model_name: str, max_model_len: int, registry: CollectorRegistry | None = None,
+                 slo_classes: tuple[str, ...] = (IMPLICIT_CLASS,)) -> None:
         self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        self._by_class: dict[str, ClassMetrics] = {}
         r, labels = self.registry, [MODEL_LABEL]
 
         def hist(name, doc, buckets):
@@ -40,10 +59,19 @@ class EngineMetrics:
         def gauge(name, doc):
             return Gauge(name, doc, labels, registry=r).labels(model_name)
 
-        self.ttft = hist(TTFT, "Time to first token in seconds.", TTFT_BUCKETS)
-        self.itl = hist(ITL, "Time between consecutive output tokens in seconds.", ITL_BUCKETS)
+        classed = [MODEL_LABEL, SLO_CLASS_LABEL]
+        self._ttft = Histogram(TTFT, "Time to first token in seconds, by the request's SLO class.", classed,
+                               buckets=TTFT_BUCKETS, registry=r)
+        self._itl = Histogram(ITL, "Time between consecutive output tokens in seconds, by the request's SLO class.",
+                              classed, buckets=ITL_BUCKETS, registry=r)
+        self._e2e = Histogram(E2E, "End-to-end request latency in seconds, by the request's SLO class.", classed,
+                              buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+        self._slo_met = Counter(_base(SLO_MET), "Finished requests that kept their SLO class's TTFT and ITL "
+                                "thresholds (the ITL at its quantile over the request's own gaps).", classed,
+                                registry=r)
+        for name in slo_classes:  # every class's series from the start, so a rate over them is never absent
+            self.classed(name)
         self.tpot = hist(TPOT, "Mean time per output token of each finished request.", ITL_BUCKETS)
-        self.e2e = hist(E2E, "End-to-end request latency in seconds.", REQUEST_LATENCY_BUCKETS)
         self.queue_time = hist(QUEUE_TIME, "Time a request waited before its first scheduled step.", REQUEST_LATENCY_BUCKETS)
         self.prefill_time = hist(PREFILL_TIME, "Time from first scheduled step to first token.", REQUEST_LATENCY_BUCKETS)
         self.decode_time = hist(DECODE_TIME, "Time from first token to last token.", REQUEST_LATENCY_BUCKETS)
@@ -76,8 +104,9 @@ class EngineMetrics:
                                  "for verification: drafting paused (speculation switched itself off for them).")
         self.spec_min_acceptance = gauge(SPEC_DECODE_MIN_ACCEPTANCE, "Share of its drafts a request must keep to go "
                                          "on drafting: the floor or the measured break-even at the current batch.")
-        self.request_success = Counter(
-            _base(REQUEST_SUCCESS), "Finished requests by finish reason.", [MODEL_LABEL, "finished_reason"], registry=r
+        self._request_success = Counter(
+            _base(REQUEST_SUCCESS), "Finished requests by finish reason and SLO class.",
+            [MODEL_LABEL, "finished_reason", SLO_CLASS_LABEL], registry=r
         )
         self.rejected = Counter(
             _base(REQUESTS_REJECTED), "Requests refused before running, by reason.", [MODEL_LABEL, "reason"], registry=r
@@ -149,6 +178,17 @@ class EngineMetrics:
     def publish_role(self, role: str) -> None:
         for r in ROLES:
             self._role.labels(self.model_name, r).set(1 if r == role else 0)
+
+    def classed(self, slo_class: str) -> "ClassMetrics":
+        """The latency histograms and counters of one SLO class."""
+        c = self._by_class.get(slo_class)
+        if c is None:
+            name = self.model_name
+            c = self._by_class[slo_class] = ClassMetrics(
+                self._ttft.labels(name, slo_class), self._itl.labels(name, slo_class),
+                self._e2e.labels(name, slo_class), self._slo_met.labels(name, slo_class),
+                lambda reason, _c=slo_class: self._request_success.labels(name, reason, _c))
+        return c
 
     def ttft_phase(self, phase: str):
         return self._ttft_phase.labels(self.model_name, phase)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from chunkpilot.contract import step_cost
-from chunkpilot.contract.slo import DEFAULT_QUANTILE, SLOTargets
+from chunkpilot.contract.slo import DEFAULT_QUANTILE, SLOClass, SLOClasses, SLOTargets
 from chunkpilot.engine.core.block_manager import BlockManager
 from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.core.sampling_params import SamplingParams
@@ -61,12 +62,17 @@ class _FixedDrafts:
 class Simulator:
     def __init__(self, cost: StepCost, requests: list[RequestSpec], knobs: Knobs, *, block_size: int = 16,
                  num_blocks: int = 8192, max_num_seqs: int = 64, max_model_len: int = 16384,
-                 speculative: SimSpeculation | None = None) -> None:
+                 speculative: SimSpeculation | None = None, classes: SLOClasses | None = None,
+                 class_of: Mapping[str, str] | None = None) -> None:
+        """`classes`: per-request SLO classes, each request's by its kind (`class_of`, else the default class)."""
         self.cost = cost
+        self.classes = classes
+        self.class_of = dict(class_of or {})
         self.holder = KnobHolder(SchedulerKnobs(knobs.token_budget, knobs.max_chunk, 0), min_token_budget=1)
         self.speculative = speculative
         self._accept_rng = random.Random(speculative.seed if speculative else 0)
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len),
+        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                                   classes=classes),
                                    BlockManager(num_blocks, block_size, enable_prefix_caching=False), self.holder,
                                    speculative.num_speculative_tokens if speculative else 0)
         self.proposer = speculative.proposer() if speculative else None
@@ -108,12 +114,18 @@ class Simulator:
             self._ids += 1
             rid = f"sim-{self._ids}"
             seq = Sequence(rid, list(prompt), SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
-                                                             ignore_eos=True))
+                                                             ignore_eos=True),
+                           arrival_time=self.now, slo_class=self._class_of(spec.kind))
             self.scheduler.add(seq)
             rec = RequestRecord(kind=spec.kind, prompt_tokens=len(prompt), start=spec.arrival)
             self._live[rid] = rec
             self.records.append(rec)
             self.arrivals.append((spec.arrival, len(prompt), spec.max_tokens))
+
+    def _class_of(self, kind: str) -> SLOClass | None:
+        if self.classes is None:
+            return None
+        return self.classes.get(self.class_of.get(kind, self.classes.default))
 
     def _next_event(self) -> float | None:
         """When an idle engine has something to do next: the next arrival. (An engine that also takes events
@@ -144,6 +156,7 @@ class Simulator:
             seconds = base + self._stolen(base)
             self.now += seconds
             self.steps += 1
+            self.scheduler.observe(out, seconds)
             self.step_log.append((self.now, *step_cost.step_features(chunks), seconds))
             if out.num_prefill_tokens:
                 self.prefill_busy.append((self.now, seconds, out.num_prefill_tokens))

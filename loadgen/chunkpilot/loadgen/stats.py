@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from chunkpilot.contract.slo import SLOTargets
+from chunkpilot.contract.slo import SLOTargets, kept
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -52,13 +52,7 @@ def meets(r: RequestRecord, slo: SLOTargets) -> bool:
     """Whether one request counts towards goodput: finished, its TTFT within the TTFT threshold, and its own
     inter-token gaps at the ITL quantile within the ITL threshold (a request's tail of stalls, not the
     population's quantile the tuner measures)."""
-    if not r.ok:
-        return False
-    if slo.ttft is not None and r.ttft > slo.ttft.threshold:
-        return False
-    if slo.itl is not None and r.itls and float(np.percentile(r.itls, slo.itl.quantile * 100)) > slo.itl.threshold:
-        return False
-    return True
+    return r.ok and kept(slo, r.ttft, r.itls)
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:

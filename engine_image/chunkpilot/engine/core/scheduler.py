@@ -14,20 +14,31 @@ to what the budget leaves. Drafts never preempt anyone: their KV blocks are take
 have theirs, and a decode keeps only the drafts that fit in what is left. After the step the sequence keeps the
 drafts the sampler accepted and one token of the model's own, and gives back the blocks only rejected drafts used.
 
+With per-request SLO classes (config.classes, docs/slo-classes.md) the step is composed by class: decodes of the
+higher classes get KV blocks first; the prompt chunks a step carries are cut so the step ends within a share of the
+tightest ITL among the running decodes (the step clock's fit of this engine's own steps, attention included),
+never above the knobs; prompt chunks, those running and those waiting alike, go by class priority, then the earliest TTFT deadline,
+then the shortest remaining prefill, after each class's guaranteed share; a waiting prompt may preempt a running
+sequence only of a strictly lower class (the lowest, the least KV sunk), so two classes never preempt each other
+back and forth. With one class (or none) the step is exactly the first-come-first-served step above.
+
 The scheduler never touches tensors nor runs a proposer. It hands the runner a `SchedulerOutput` and takes back a
 `RunnerOutput`, so tests and the simulator drive it without a model.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from chunkpilot.contract.step_cost import kv_kilotokens
 from chunkpilot.engine.config import SchedulerConfig
 from chunkpilot.engine.core.block_manager import BlockManager
 from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
 from chunkpilot.engine.core.sequence import FinishReason, Sequence, SequenceStatus
+from chunkpilot.engine.core.step_clock import StepClock
 
 
 # A verification token costs about a fifth of a batch-1 decode step on the CPU (measured: 5 tokens of SmolLM2
@@ -40,6 +51,9 @@ from chunkpilot.engine.core.sequence import FinishReason, Sequence, SequenceStat
 MIN_ACCEPTANCE = 0.3  # 0.25 and 0.4 measured alike at batch 1 (bench/speculative.py)
 DRAFT_PAUSES = (4, 32)  # the first pause and the longest
 ACCEPTANCE_WEIGHT = 0.5  # of the newest step in the moving average
+# With SLO classes, a step may take this share of the tightest running decode's ITL threshold: the rest is the
+# step loop's own time between steps and the fit's error.
+ITL_SHARE = 0.8
 
 
 @dataclass
@@ -107,6 +121,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # kept in arrival order
         self.num_preemptions = 0
+        classes = config.classes
+        self.by_class = classes is not None and not classes.is_implicit
+        self.clock = StepClock()  # fed by the step loop (observe); read only with classes
 
     # ---- requests ---------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -157,8 +174,12 @@ class Scheduler:
         out = SchedulerOutput(chunks=[], knobs=knobs)
         scheduled: set[int] = set()
 
-        # 1. One token for every running decode, oldest first; free blocks by preempting the newest.
-        for seq in list(self.running):
+        if self.by_class:
+            self._slot_for_a_higher_class(out)
+        made_room = len(out.preempted)  # preempted for a higher class's admission, not for want of KV
+        # 1. One token for every running decode, oldest first (with classes, the higher classes first); free blocks
+        #    by preempting the newest (with classes, of the lowest class, never a higher one).
+        for seq in (sorted(self.running, key=lambda q: -q.priority) if self.by_class else list(self.running)):
             if seq.status is not SequenceStatus.RUNNING or not seq.is_decoding:
                 continue
             if not self._reserve(seq, 1, out, scheduled):
@@ -172,6 +193,14 @@ class Scheduler:
             budget -= self._take_drafts(out.chunks, budget, drafts)
         out.num_decodes = len(out.chunks)
         decodes = list(out.chunks)
+        if self.by_class:
+            self._prompts_by_class(out, scheduled, budget, knobs, self._prompt_time(decodes),
+                                   admitting=len(out.preempted) == made_room)
+            if not out.chunks and self.running and len(self.running) > 1:
+                self._preempt(self._victim(scheduled, None) or self.running[-1], out)
+            if self.num_speculative_tokens > 0:
+                self._place_drafts(decodes)
+            return out
 
         # 2. Continue prompts already running (chunked), oldest first.
         for seq in list(self.running):
@@ -209,6 +238,119 @@ class Scheduler:
         if self.num_speculative_tokens > 0:
             self._place_drafts(decodes)
         return out
+
+    # ---- per-request SLO classes ---------------------------------------------------------------------------
+    def observe(self, sched: SchedulerOutput, seconds: float) -> None:
+        """A step's time, for the step clock (the step loop and the simulator call it after every step)."""
+        kv = sum(kv_kilotokens(c.start, c.num_tokens) for c in sched.chunks)
+        self.clock.add(sched.num_prefill_tokens + sched.num_draft_tokens, sched.num_decodes, kv, seconds)
+
+    def _prompt_time(self, decodes: list[ScheduledChunk]) -> float | None:
+        """Seconds this step may spend on prompt chunks so it ends within ITL_SHARE of the tightest ITL threshold
+        among its decodes; None: no decode with an ITL, or the clock does not know yet."""
+        itl = min((c.seq.slo_class.slo.itl.threshold for c in decodes
+                   if c.seq.slo_class is not None and c.seq.slo_class.slo.itl is not None), default=None)
+        if itl is None:
+            return None
+        base = self.clock.base_seconds(len(decodes), sum(kv_kilotokens(c.start, c.num_tokens) for c in decodes))
+        if base is None:
+            return None
+        drafts = sum(self.clock.chunk_seconds(c.start + 1, len(c.draft_token_ids)) for c in decodes)
+        return ITL_SHARE * itl - base - drafts
+
+    @staticmethod
+    def _order(seq: Sequence) -> tuple:
+        """Prompt order with classes: the class, the TTFT deadline, the shortest remaining prefill, arrival."""
+        return (-seq.priority, seq.ttft_deadline, seq.num_uncomputed, seq.arrival)
+
+    def _prompts_by_class(self, out: SchedulerOutput, scheduled: set[int], budget: int, knobs: SchedulerKnobs,
+                          time_left: float | None, admitting: bool) -> None:
+        """Steps 2 and 3 with classes: running prompts and waiting ones in one order (_order); first each class's
+        share of the step's prompt tokens is kept for it while it has prompt work, then what is left goes in order
+        to anyone (work-conserving)."""
+        bm = self.block_manager
+        candidates = sorted([s for s in self.running if s.status is SequenceStatus.RUNNING
+                             and id(s) not in scheduled and not s.is_decoding] + list(self.waiting), key=self._order)
+        if not candidates or budget <= 0:
+            return
+        reserved: dict[str, int] = {}
+        for seq in candidates:
+            c = seq.slo_class
+            if c is not None and c.share > 0 and c.name not in reserved:
+                reserved[c.name] = math.floor(budget * c.share)
+        # admitting: False after a decode's preemption for KV this step (the pool is tight: no admissions)
+        for keep_shares in (True, False):
+            for seq in candidates:
+                if budget <= 0:
+                    return
+                if id(seq) in scheduled or seq.request_id in out.preempted:
+                    continue
+                name = seq.slo_class.name if seq.slo_class is not None else ""
+                room = budget - (sum(v for k, v in reserved.items() if k != name) if keep_shares else 0)
+                if time_left is not None:  # the chunk must end within the tightest decode's ITL
+                    fits = self.clock.chunk_tokens_within(time_left, seq.num_computed_tokens)
+                    room = room if fits is None else min(room, fits)
+                if room <= 0:
+                    continue
+                if seq.status is SequenceStatus.WAITING:
+                    if not admitting:
+                        continue
+                    n = self._admit_by_class(seq, min(seq.num_uncomputed, knobs.max_chunk, room), out, scheduled)
+                    if n is None:
+                        admitting = False  # nobody overtakes a prompt that did not fit, within its class or below
+                        continue
+                    n = min(seq.num_uncomputed, knobs.max_chunk, room)  # the prefix cache may have covered some
+                else:
+                    n = min(seq.num_uncomputed, knobs.max_chunk, room)
+                    n = min(n, bm.free_slots_for(seq)) or self._make_room(seq, n, out, scheduled)
+                    if n <= 0 or not bm.ensure_slots(seq, n):
+                        continue
+                out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+                scheduled.add(id(seq))
+                budget -= n
+                if time_left is not None:
+                    time_left -= self.clock.chunk_seconds(seq.num_computed_tokens, n)
+                if name in reserved:
+                    reserved[name] = max(0, reserved[name] - n)
+
+    def _slot_for_a_higher_class(self, out: SchedulerOutput) -> None:
+        """Every sequence slot is taken and the first waiting prompt's class is above a running one's: that one
+        gives its slot (one a step; it waits with its own deadline, ahead of its class)."""
+        if len(self.running) < self.config.max_num_seqs or not self.waiting:
+            return
+        first = min(self.waiting, key=self._order)
+        victim = self._victim(set(), first, strictly_lower=True)
+        if victim is not None:
+            self._preempt(victim, out)
+
+    def _admit_by_class(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled: set[int]) -> int | None:
+        """Admit a waiting prompt, preempting running sequences of strictly lower classes for a sequence slot and
+        for KV blocks if need be; None when it does not fit."""
+        while len(self.running) >= self.config.max_num_seqs or not self.block_manager.allocate_prompt(seq, n):
+            victim = self._victim(scheduled, seq, strictly_lower=True)
+            if victim is None:
+                return None
+            self._preempt(victim, out)
+        self.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        return n
+
+    def _victim(self, scheduled: set[int], for_seq: Sequence | None, strictly_lower: bool = False
+                ) -> Sequence | None:
+        """With classes, whom to preempt for `for_seq`: a running sequence not scheduled this step, of the lowest
+        class, never of a class above `for_seq`'s (strictly below it when `strictly_lower`); below its class the
+        one with the least KV sunk (cheapest to recompute), within its class the newest (as without classes)."""
+        floor = for_seq.priority if for_seq is not None else math.inf
+        pool = [s for s in self.running if id(s) not in scheduled
+                and (s.priority < floor if strictly_lower else s.priority <= floor)]
+        if not pool:
+            return None
+        lowest = min(s.priority for s in pool)
+        pool = [s for s in pool if s.priority == lowest]
+        if for_seq is not None and lowest < for_seq.priority:
+            return min(pool, key=lambda s: (s.num_computed_tokens, -s.arrival))
+        return max(pool, key=lambda s: s.arrival)
 
     def update(self, sched: SchedulerOutput, result: RunnerOutput) -> list[Sequence]:
         """Apply a step's results. Returns the sequences that got a new token (finished ones included)."""
@@ -357,7 +499,7 @@ class Scheduler:
         """Get blocks for `n` tokens of `seq`, preempting newer unscheduled sequences; False if `seq` itself
         had to go."""
         while not self.block_manager.ensure_slots(seq, n):
-            victim = self._newest_unscheduled(scheduled)
+            victim = self._victim(scheduled, seq) if self.by_class else self._newest_unscheduled(scheduled)
             if victim is None:
                 return False
             self._preempt(victim, out)
@@ -368,9 +510,14 @@ class Scheduler:
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled: set[int]) -> int:
         """A running prompt cannot take any token: preempt newer sequences until it can."""
         while self.block_manager.free_slots_for(seq) <= 0:
-            victim = self._newest_unscheduled(scheduled)
-            if victim is None or victim is seq or victim.arrival < seq.arrival:
-                return 0
+            if self.by_class:
+                victim = self._victim(scheduled, seq)
+                if victim is None or victim is seq or (victim.priority == seq.priority and victim.arrival < seq.arrival):
+                    return 0
+            else:
+                victim = self._newest_unscheduled(scheduled)
+                if victim is None or victim is seq or victim.arrival < seq.arrival:
+                    return 0
             self._preempt(victim, out)
         return min(n, self.block_manager.free_slots_for(seq))
 

@@ -7,6 +7,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from chunkpilot.contract.slo import SLOClass
 from chunkpilot.engine.core.sampling_params import SamplingParams
 
 _arrival_counter = itertools.count()
@@ -57,6 +58,19 @@ class Sequence:
     # handed to `held_blocks`, still referenced, until the decode pod that asked has pulled them (a lease).
     hold_kv: bool = False
     held_blocks: list[int] = field(default_factory=list)
+    # Per-request SLO classes (docs/slo-classes.md): the class the server chose; None where the deployment has
+    # none (one implicit class, first come first served)
+    slo_class: SLOClass | None = None
+
+    @property
+    def priority(self) -> int:
+        return self.slo_class.priority if self.slo_class is not None else 0
+
+    @property
+    def ttft_deadline(self) -> float:
+        """When the first token is due (the arrival clock's seconds): the class's TTFT threshold after arrival."""
+        ttft = self.slo_class.slo.ttft if self.slo_class is not None else None
+        return self.arrival_time + ttft.threshold if ttft is not None else float("inf")
 
     @property
     def token_ids(self) -> list[int]:

@@ -64,6 +64,9 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    service_tier: Annotated[str, Field(max_length=64)] | None = Field(
+        None, description="The SLO class to serve the request in (docs/slo-classes.md); `auto` and `default`: the "
+                          "deployment's default. Echoed in the response.")
     cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = Field(
         None, description="As in vLLM: prompts with different salts never share prefix-cache blocks.")
     # What would change the output and cannot be honoured: refused (see the module docstring).

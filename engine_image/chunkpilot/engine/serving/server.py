@@ -26,13 +26,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chunkpilot.contract.engine_settings import FIRST_TOKEN_MODES, KV_TRANSPORTS, LIVE_ROLES, ROLES
 from chunkpilot.contract.knobs import knobs_object
+from chunkpilot.contract.slo import IMPLICIT_CLASS
 from chunkpilot.contract.engine_settings import default as setting_default
 from chunkpilot.engine.async_engine import AsyncEngine, EngineUnavailableError, QueueFullError
 from chunkpilot.engine.config import EngineConfig
 from chunkpilot.engine.core.knobs_file import KnobsFileWatcher
 from chunkpilot.engine.metrics import EngineMetrics
 from chunkpilot.engine.serving.api_error import ApiError, bad_request, unavailable
-from chunkpilot.engine.serving.auth import TENANT, ApiKeyMiddleware, parse_api_keys
+from chunkpilot.engine.serving.auth import CEILING, TENANT, ApiKeyMiddleware, parse_api_keys, parse_key_ceilings
+from chunkpilot.engine.serving.slo_class import choose as choose_slo_class
 from chunkpilot.engine.serving.body_limit import BodyLimitMiddleware
 from chunkpilot.engine.serving.protocol import ChatCompletionRequest, CompletionRequest, error_body
 from chunkpilot.engine.serving.responses import chat_chunks, chat_full, completion_chunks, completion_full
@@ -89,6 +91,12 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         self.api_keys = parse_api_keys(self.api_key)
+        self.key_ceilings = parse_key_ceilings(self.api_key)
+        classes = self.engine.slo_classes if self.engine is not None else None
+        for ceiling in self.key_ceilings.values():
+            if classes is None or classes.get(ceiling) is None:
+                raise ValueError(f"an API key's SLO class {ceiling!r} is not one of --slo-classes' "
+                                 f"({', '.join(classes.names) if classes else 'none defined'})")
         for name in ("stream_write_timeout", "stall_timeout", "grace_period"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
@@ -151,7 +159,9 @@ class ServerState:
             if disaggregated:
                 check_disaggregation(s.engine)
             llm_engine = LLMEngine(s.engine)
-            metrics = EngineMetrics(s.model_name, llm_engine.max_model_len)
+            classes = s.engine.slo_classes
+            metrics = EngineMetrics(s.model_name, llm_engine.max_model_len,
+                                    slo_classes=tuple(classes.names) if classes else (IMPLICIT_CLASS,))
             metrics.publish_ranks(llm_engine.rank_memory)
             metrics.publish_cache_shape(llm_engine.cache_shape)
             metrics.publish_role(s.role)
@@ -324,7 +334,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
     # Starlette runs the last added middleware first: keys are checked before any body is read.
     app.add_middleware(BodyLimitMiddleware, limit=state.max_request_bytes)
     if settings.api_keys:
-        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, ceilings=settings.key_ceilings)
 
     add_kv_routes(app, lambda: state.prefill_side, _salt)
 
@@ -370,27 +380,30 @@ def build_app(settings: ServerSettings) -> FastAPI:
                 raise bad_request("only one prompt per request is supported; send one request per prompt", "prompt")
             prompt = prompt[0]
         params = _params(body.sampling_params)
+        slo = _slo_class(settings, request, body)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        stream = await _start(engine, rid, params, request, prompt=prompt, cache_salt=_salt(request, body))
+        stream = await _start(engine, rid, params, request, prompt=prompt, cache_salt=_salt(request, body),
+                              slo_class=slo)
         tok, details = engine.tokenizer, settings.prompt_tokens_details
         if body.stream:
-            return sse_response(completion_chunks(stream, rid, settings.model_name, body, tok, details),
+            return sse_response(_tiered(completion_chunks(stream, rid, settings.model_name, body, tok, details), slo),
                                 settings.stream_write_timeout)
-        return await _until_done(completion_full(stream, rid, settings.model_name, tok, details), request)
+        return _tier(await _until_done(completion_full(stream, rid, settings.model_name, tok, details), request), slo)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         engine = _check(state, body.model)
         max_len = engine.max_model_len
         params = _params(lambda: body.sampling_params(default_max_tokens=max_len))
+        slo = _slo_class(settings, request, body)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await _start(engine, rid, params, request, messages=body.template_messages(),
-                              cache_salt=_salt(request, body))
+                              cache_salt=_salt(request, body), slo_class=slo)
         tok, details = engine.tokenizer, settings.prompt_tokens_details
         if body.stream:
-            return sse_response(chat_chunks(stream, rid, settings.model_name, body, tok, details),
+            return sse_response(_tiered(chat_chunks(stream, rid, settings.model_name, body, tok, details), slo),
                                 settings.stream_write_timeout)
-        return await _until_done(chat_full(stream, rid, settings.model_name, tok, details), request)
+        return _tier(await _until_done(chat_full(stream, rid, settings.model_name, tok, details), request), slo)
 
     return app
 
@@ -420,6 +433,24 @@ def _salt(request: Request, body) -> bytes:
     `cache_salt`."""
     tenant = request.scope.get("state", {}).get(TENANT, b"")
     return tenant + (b"|" + body.cache_salt.encode() if body.cache_salt else b"")
+
+
+def _slo_class(settings: ServerSettings, request: Request, body):
+    """The request's SLO class (serving/slo_class.py); None without classes."""
+    ceiling = request.scope.get("state", {}).get(CEILING)
+    return choose_slo_class(settings.engine.slo_classes, request.headers, body.service_tier, ceiling)
+
+
+def _tier(result, slo_class):
+    """OpenAI echoes the service tier a request was served in: here its SLO class."""
+    if slo_class is not None and isinstance(result, dict):
+        result["service_tier"] = slo_class.name
+    return result
+
+
+async def _tiered(chunks, slo_class):
+    async for chunk in chunks:
+        yield _tier(chunk, slo_class)
 
 
 def _params(make):

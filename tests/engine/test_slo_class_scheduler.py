@@ -1,0 +1,209 @@
+"""The scheduler with per-request SLO classes (docs/slo-classes.md), on the CPU without a model: the order of
+prompt chunks, the step's prompt tokens capped by the tightest ITL, the shares, preemption only for a strictly
+higher class and never back, and the properties of the first-come-first-served scheduler kept (every output
+exact, no block leaked, every decode its token each step)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chunkpilot.contract.slo import SLOClass, SLOClasses, SLOTargets
+from chunkpilot.engine.core.block_manager import BlockManager
+from chunkpilot.engine.core.knobs import KnobHolder, SchedulerKnobs
+from chunkpilot.engine.core.sampling_params import SamplingParams
+from chunkpilot.engine.core.scheduler import ITL_SHARE, Scheduler, SchedulerConfig
+from chunkpilot.engine.core.sequence import Sequence
+
+from .fake_runner import FakeRunner, reference_output
+from .test_scheduler import VOCAB, requests, run_to_end
+
+CHAT = SLOClass("chat", 10, SLOTargets.p99(ttft=1.0, itl=0.1))
+BATCH = SLOClass("batch", 0, SLOTargets.p99(ttft=60.0, itl=2.0))
+SPARE = SLOClass("spare", -1, SLOTargets.p99(ttft=600.0), queue_limit=4)
+CLASSES = SLOClasses((CHAT, BATCH, SPARE), "chat")
+
+
+def make(classes=CLASSES, num_blocks=64, block_size=4, budget=16, max_chunk=8, max_num_seqs=4, prefix=False,
+         max_model_len=512):
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix)
+    knobs = KnobHolder(SchedulerKnobs(budget, max_chunk), min_token_budget=max_num_seqs)
+    sched = Scheduler(SchedulerConfig(max_num_seqs, max_model_len, (), classes), bm, knobs)
+    return sched, bm, knobs, FakeRunner(num_blocks * block_size, block_size, VOCAB)
+
+
+def seq(rid, prompt, slo_class, max_tokens=5, arrival_time=0.0):
+    return Sequence(rid, list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                    arrival_time=arrival_time, slo_class=slo_class)
+
+
+def step(sched, runner):
+    out = sched.schedule()
+    sched.update(out, runner.execute(out))
+    return out
+
+
+def train(sched, per_token=0.001, overhead=0.01, per_decode=0.002, per_kkey=0.0):
+    """The step clock fed steps of a known cost: seconds = overhead + per_token x prompt tokens + per_decode x
+    decodes + per_kkey x thousands of keys read."""
+    for i in range(40):
+        prompt, decodes, kv = (i % 5) * 40, i % 3, (i % 7) * 3.0
+        sched.clock.add(prompt, decodes, kv, overhead + per_token * prompt + per_decode * decodes + per_kkey * kv)
+
+
+def test_one_class_is_the_first_come_first_served_scheduler():
+    sched, *_ = make(SLOClasses.implicit(SLOTargets.p99(ttft=1.0, itl=0.1)))
+    assert not sched.by_class
+    sched, *_ = make(None)
+    assert not sched.by_class
+
+
+def test_a_higher_class_prompt_goes_first_then_the_earliest_deadline_then_the_shortest():
+    sched, _, _, runner = make(budget=8, max_chunk=8, max_num_seqs=8)
+    sched.add(seq("b-long", range(1, 30), BATCH, arrival_time=0.0))
+    sched.add(seq("b-short", range(1, 6), BATCH, arrival_time=0.0))  # same deadline, shorter: first
+    sched.add(seq("c-late", range(1, 10), CHAT, arrival_time=5.0))  # arrived last, its class first
+    sched.add(seq("c-early", range(1, 10), CHAT, arrival_time=4.0))  # earlier deadline within chat
+    out = step(sched, runner)
+    assert [(c.seq.request_id, c.num_tokens) for c in out.chunks] == [("c-early", 8)]
+    out = step(sched, runner)
+    assert [c.seq.request_id for c in out.chunks] == ["c-early", "c-late"]  # its last token, then the next
+    run_to_end(sched, runner)
+
+
+def test_the_tightest_running_itl_cuts_the_steps_prompt_chunks_and_a_loose_one_does_not():
+    sched, _, _, runner = make(budget=512, max_chunk=512, max_num_seqs=8, num_blocks=512)
+    train(sched)
+    sched.add(seq("chat", range(1, 4), CHAT, max_tokens=50))
+    step(sched, runner)  # chat's prompt: it decodes from now on
+    sched.add(seq("batch", range(1, 400), BATCH))
+    out = step(sched, runner)
+    # 0.8 x 0.1 s = 0.08 s = 0.01 + 0.002 (one decode) + 0.001 x tokens -> 68 prompt tokens
+    expected = int((ITL_SHARE * 0.1 - 0.01 - 0.002) / 0.001 + 1e-9)
+    assert out.num_decodes == 1 and out.num_prefill_tokens == expected, (out.num_prefill_tokens, expected)
+    sched.abort("chat")
+    out = step(sched, runner)  # only batch runs: its ITL (2 s) allows the whole budget
+    assert out.num_prefill_tokens == min(512, 399 - expected)
+
+
+def test_a_chunk_deep_in_a_long_prompt_is_cut_for_the_keys_it_reads():
+    """Attention: a chunk at position p reads p keys a token, so the same time holds fewer tokens deeper in."""
+    sched, _, _, _ = make(budget=512, max_chunk=512, max_num_seqs=8, num_blocks=512)
+    train(sched, per_kkey=0.0005)
+    shallow, deep = sched.clock.chunk_tokens_within(0.05, 0), sched.clock.chunk_tokens_within(0.05, 2000)
+    assert shallow > 0 and deep < shallow
+    for start, n in ((0, shallow), (2000, deep)):  # the longest chunk within the time, one more is over it
+        assert sched.clock.chunk_seconds(start, n) <= 0.05 + 1e-9 < sched.clock.chunk_seconds(start, n + 1)
+
+
+def test_a_class_share_is_kept_under_contention_and_the_rest_is_not_wasted():
+    shared = SLOClasses((CHAT, SLOClass("batch", 0, SLOTargets.p99(ttft=60.0), share=0.25)), "chat")
+    sched, _, _, runner = make(shared, budget=16, max_chunk=16, max_num_seqs=8, num_blocks=256)
+    sched.add(seq("c", range(1, 100), CHAT))
+    sched.add(seq("b", range(1, 100), shared.get("batch")))
+    out = step(sched, runner)
+    got = {c.seq.request_id: c.num_tokens for c in out.chunks}
+    assert got == {"c": 12, "b": 4}  # a quarter kept for batch, chat first in the rest
+    sched.abort("c")
+    out = step(sched, runner)
+    assert {c.seq.request_id: c.num_tokens for c in out.chunks} == {"b": 16}  # alone: the whole budget
+
+
+def test_a_full_engine_makes_room_for_a_higher_class_and_the_victim_never_preempts_back():
+    sched, bm, _, runner = make(budget=16, max_chunk=8, max_num_seqs=2, num_blocks=64)
+    batch = [seq(f"b{i}", range(1 + i, 9 + i), BATCH, max_tokens=40) for i in range(2)]
+    for s in batch:
+        sched.add(s)
+    for _ in range(6):
+        step(sched, runner)  # both decoding, every slot taken
+    # b0 and b1 have the same KV sunk: the newest of the lowest class goes
+    chat = seq("c", range(1, 9), CHAT, max_tokens=20, arrival_time=1.0)
+    sched.add(chat)
+    out = step(sched, runner)
+    assert out.preempted == ["b1"] and chat in sched.running
+    run_to_end(sched, runner)
+    assert chat.num_preemptions == 0 and sched.num_preemptions == 1  # no ping-pong
+    for s in [*batch, chat]:
+        assert s.output_token_ids == reference_output(s.prompt_token_ids, s.params.max_tokens, VOCAB)
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_a_lower_class_never_preempts_a_higher_one_for_kv():
+    # 10 blocks of 4: a chat sequence and a batch sequence growing to 36 tokens each cannot both fit
+    sched, bm, _, runner = make(budget=8, max_chunk=8, max_num_seqs=2, num_blocks=10)
+    chat = seq("c", range(1, 9), CHAT, max_tokens=28, arrival_time=1.0)
+    batch = seq("b", range(2, 10), BATCH, max_tokens=28, arrival_time=0.0)  # older: FCFS would keep it
+    sched.add(batch)
+    sched.add(chat)
+    run_to_end(sched, runner)
+    assert chat.num_preemptions == 0 and batch.num_preemptions > 0
+    for s in (chat, batch):
+        assert s.output_token_ids == reference_output(s.prompt_token_ids, 28, VOCAB)
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+CLASS_LIST = [CHAT, BATCH, SPARE, SLOClass("bulk", 0, SLOTargets(), share=0.3)]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=requests,
+    classes=st.lists(st.integers(0, 3), min_size=16, max_size=16),
+    block_size=st.integers(1, 8),
+    num_blocks=st.integers(24, 80),
+    max_num_seqs=st.integers(1, 6),
+    budget_extra=st.integers(0, 24),
+    chunk_frac=st.floats(0.05, 1.0),
+    prefix=st.booleans(),
+    clock=st.booleans(),
+)
+def test_properties_with_classes(reqs, classes, block_size, num_blocks, max_num_seqs, budget_extra, chunk_frac,
+                                 prefix, clock):
+    """The first-come-first-served scheduler's properties hold with classes: within the budget and the chunk,
+    every decode its token each step (unless preempted), every output exact, nothing leaked; and no sequence is
+    preempted by one of a lower class."""
+    num_blocks = max(num_blocks, -(-64 // block_size))  # the pool holds one max-length sequence
+    budget = max_num_seqs + budget_extra
+    all_classes = SLOClasses(tuple(CLASS_LIST), "chat")
+    sched, bm, _, runner = make(all_classes, num_blocks=num_blocks, block_size=block_size, budget=budget,
+                                max_chunk=max(1, int(budget * chunk_frac)), max_num_seqs=max_num_seqs,
+                                prefix=prefix, max_model_len=64)
+    if clock:
+        train(sched, per_token=0.004)  # the chat ITL allows about 15 prompt tokens a step
+    seqs = [seq(f"r{i}", p, CLASS_LIST[classes[i % len(classes)]], max_tokens=m, arrival_time=float(a))
+            for i, (p, m, a) in enumerate(reqs)]
+    arrivals = {i: a for i, (_, _, a) in enumerate(reqs)}
+
+    def check(out, decoding_before):
+        k = out.knobs
+        assert out.num_tokens <= k.token_budget
+        assert all(c.num_tokens <= k.max_chunk for c in out.chunks)
+        assert len(sched.running) <= max_num_seqs
+        scheduled = {c.seq.request_id for c in out.chunks}
+        for s in decoding_before:
+            assert s.request_id in scheduled or s.request_id in out.preempted
+        for c in out.chunks[: out.num_decodes]:
+            assert c.num_tokens == 1
+        top = max((s.priority for s in sched.running), default=None)
+        for rid in out.preempted:  # a victim is never above everyone still running
+            victim = next(s for s in seqs if s.request_id == rid)
+            assert top is None or victim.priority <= top
+
+    def on_step(n):
+        for i, s in enumerate(seqs):
+            if arrivals[i] == n:
+                sched.add(s)
+
+    for i, s in enumerate(seqs):
+        if arrivals[i] == 0:
+            sched.add(s)
+    run_to_end(sched, runner, check=check, on_step=on_step)
+    for i, s in enumerate(seqs):
+        if not s.output_token_ids and s not in sched.waiting and not s.is_finished:
+            sched.add(s)
+    run_to_end(sched, runner, check=check)
+    for s in seqs:
+        ref = reference_output(s.prompt_token_ids, s.params.max_tokens, VOCAB)[: 64 - len(s.prompt_token_ids)]
+        assert s.output_token_ids == ref, s.request_id
+    assert bm.num_free_blocks == bm.num_blocks
+    assert all(rc == 0 for rc in bm.ref_counts)
