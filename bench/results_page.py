@@ -567,6 +567,39 @@ def disaggregation_predicted(d: dict) -> list[str]:
     return out
 
 
+def slo_classes(d: dict) -> list[str]:
+    c, rates, arms, v = d["conditions"], d["rates"], d["arms"], d["verdict"]
+    rows = []
+    for name, ladder in arms.items():
+        rows.append([name] + [pct(r["interactive_within_slo"])
+                              + (f" ({pct(r['predicted']['interactive_within_slo'])})" if "predicted" in r else "")
+                              + f", {r['batch_tokens_per_s']:.1f}"
+                              + (f", {r['batch_past_deadline']} late" if r["batch_past_deadline"] else "")
+                              for r in ladder])
+    out = table(["arm"] + [f"{r:g}/s" for r in rates], rows)
+    at, t = v.get("at_fcfs_80"), v["targets"]
+    out += ["", "Each cell: interactive requests within both SLOs (beside a measurement, the simulator's prediction), "
+                "batch output tokens/s, "
+                "batch requests past their deadline. "
+                f"Interactive TTFT ≤ {c['slo']['ttft']:g} s and each request's p99 gap ≤ {c['slo']['itl']:g} s; "
+                f"{c['seconds']:g} s of Poisson arrivals a rate, the same requests for every arm; FCFS at the knob "
+                f"pairs {', '.join(f'{b}/{k}' for b, k in c['grid'])}, the best in hindsight per rate."]
+    if at:
+        out += ["", f"At {at['rate']:g}/s, where FCFS's best ({at['fcfs_arm']}) kept {pct(at['fcfs_interactive'])} of "
+                    f"interactive requests: classes {pct(at['classes_interactive'])} (target ≥ 99 %: "
+                    f"{verdict(t['interactive_99_at_fcfs_80'])}), batch throughput {times(at['batch_throughput_ratio'])}"
+                    f" FCFS's (target ≥ 0.9×: {verdict(t['batch_throughput_90'])}), "
+                    f"{at['classes_batch_past_deadline']} batch requests past their deadline "
+                    f"({verdict(t['no_batch_past_deadline'])})."]
+    ratio = v["sustainable_ratio"]
+    out += ["", f"The highest rate with ≥ 99 % interactive within: classes {v['sustainable_classes']:g}/s, FCFS "
+                f"{v['sustainable_fcfs']:g}/s" + (f", {times(ratio)}" if ratio else "") +
+                f" (target ≥ 1.3×: {verdict(t['sustainable_1_3x'])}); at {v['top_rate']:g}/s "
+                f"{v['violations_ratio_at_top']:.1f}× fewer interactive violations (target ≥ 10×: "
+                f"{verdict(t['violations_10x_at_top'])})."]
+    return out
+
+
 @dataclass(frozen=True)
 class Section:
     name: str  # bench/results/NAME.json (and NAME.png)
@@ -596,6 +629,10 @@ SECTIONS = (
             "python bench/pull_contention.py --seqs 2 --shares 0.25,0.1", pull_contention),
     Section("routing", "Prefix- and load-aware routing against the Service (local cluster)", "python bench/routing.py",
             routing),
+    Section("slo_classes", "Per-request SLO classes against first come first served", "python bench/slo_classes.py",
+            slo_classes),
+    Section("slo_classes_predicted", "Per-request SLO classes predicted by the simulator",
+            "python bench/slo_classes.py --predict-only", slo_classes),
     Section("disaggregation", "Prefill/decode disaggregation against the best colocated knobs",
             "python bench/disaggregation.py --itl-x 3", disaggregation),
     Section("disaggregation_ladder", "Prefill/decode disaggregation: the best arms again on a lower ladder",

@@ -34,6 +34,9 @@ echo "== what a pull costs the decode steps beside it (one core, as a CPU decode
 "$PY" bench/pull_contention.py --seqs 2 --shares 0.25,0.1
 echo "== routing through Envoy and the endpoint picker against the Service (a real kubelet: needs root; ~20 min)"
 "$PY" bench/routing.py
+echo "== per-request SLO classes against FCFS at its best knobs in hindsight (real engines; ~35 min)"
+"$PY" bench/slo_classes.py
+"$PY" bench/slo_classes.py --predict-only
 echo "== prefill/decode disaggregation against the best colocated knobs (goodput, SLOs from this machine's speed)"
 "$PY" bench/disaggregation.py --itl-x 3
 echo "== the best arms of prefill-heavy traffic again, on a ladder that starts lower (the colocated pairs held no rung above)"

@@ -94,6 +94,9 @@ def _cel_rules(node, obj, path="spec"):
     for key, sub in node.get("properties", {}).items():
         if isinstance(obj, dict) and key in obj:
             yield from _cel_rules(sub, obj[key], f"{path}.{key}")
+    if "items" in node and isinstance(obj, list):  # a list's items have rules of their own (spec.sloClasses[i])
+        for i, item in enumerate(obj):
+            yield from _cel_rules(node["items"], item, f"{path}[{i}]")
 
 
 def _cel_ok(rule: str, value) -> bool:
@@ -509,3 +512,42 @@ def test_engine_pods_are_closed_by_default_and_drain_before_they_stop():
     peers = netpol["spec"]["ingress"][0]["from"]
     assert {"podSelector": {}} in peers
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in peers
+
+
+@pytest.mark.parametrize("classes, refusal", [
+    ([{"name": "chat", "priority": 10, "ttft": {"thresholdSeconds": 1}, "itl": {"thresholdSeconds": 0.2}},
+      {"name": "batch", "priority": -1, "default": True, "queueLimit": 8, "share": 0.2}], None),
+    ([{"name": "chat"}, {"name": "chat", "priority": 1}], "names must be distinct"),
+    ([{"name": "a", "default": True}, {"name": "b", "default": True}], "at most one class marked default"),
+    ([{"name": "batch", "priority": 0, "queueLimit": 8}], "queueLimit is for sheddable classes"),
+    ([{"name": "a", "share": 0.7}, {"name": "b", "share": 0.6}], "shares add up to 1.3"),
+    ([{"name": "bad name"}], "String should match pattern"),
+])
+def test_slo_classes_reach_the_engine_as_the_json_it_parses_and_bad_ones_are_refused(classes, refusal):
+    """spec.sloClasses: the CEL rules and the operator's parse agree; an admitted list becomes
+    CHUNKPILOT_SLO_CLASSES, which the engine's own parser (the contract's SLOClasses.from_json) reads back: the
+    default is the class marked so (else the first), a sheddable class keeps its queue limit."""
+    from pydantic import ValidationError
+
+    from chunkpilot.contract.slo import SLOClasses
+
+    doc = yaml.safe_load(SMOL.read_text())
+    doc["spec"]["sloClasses"] = classes
+    failed = {m for r, m, v, _ in _cel_rules(openapi_schema()["properties"]["spec"], doc["spec"]) if not _cel_ok(r, v)}
+    if refusal is None:
+        assert not failed
+        env = {e["name"]: e.get("value") for e in b.engine_env(InferenceDeployment.model_validate(doc), "/models")}
+        parsed = SLOClasses.from_json(env["CHUNKPILOT_SLO_CLASSES"])
+        assert parsed.default == "batch" and parsed.names == ["chat", "batch"]
+        assert parsed.get("batch").queue_limit == 8 and parsed.get("batch").sheddable
+        assert parsed.get("chat").slo.itl.threshold == 0.2 and parsed.get("chat").slo.ttft.quantile == 0.99
+        assert "is set by the operator" in b.rules.arg_refusal("--slo-classes={}")
+        return
+    with pytest.raises(ValidationError, match=refusal.replace(".", r"\.")):
+        InferenceDeployment.model_validate(doc)
+    if "pattern" not in refusal and "shares" not in refusal:  # the CEL rule says so at admission too
+        assert any(refusal in m for m in failed), failed
+    # without classes: no variable, today's engine
+    plain = yaml.safe_load(SMOL.read_text())
+    assert "CHUNKPILOT_SLO_CLASSES" not in {e["name"] for e in b.engine_env(InferenceDeployment.model_validate(plain),
+                                                                             "/models")}

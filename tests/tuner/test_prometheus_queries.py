@@ -94,3 +94,31 @@ def test_non_finite_answers_of_the_real_prometheus_are_no_value(tmp_path):
         assert [source.scalar(q) for q in queries] == [None, None, None, None, 2.5, 2.5]
     finally:
         prom.stop()
+
+
+def test_with_slo_classes_the_slo_is_judged_on_its_class_and_the_load_counts_every_class():
+    """spec.sloClasses: spec.slo is judged on the default class's latencies (a batch class's long TTFTs are not a
+    breach of the interactive SLO), while arrivals and throughput count every class."""
+    src = FakeSource({})
+    slo = SLOTargets(ttft=LatencyTarget(0.99, 5.0), itl=LatencyTarget(0.99, 0.5))
+    PrometheusMeasurer(src, slo, sleep=lambda s: False, slo_class="interactive").measure(30)
+    classed = 'job="chunkpilot",slo_class="interactive"'
+    assert quantile_query(m.TTFT, 0.99, classed, 30) in src.asked
+    assert quantile_query(m.ITL, 0.99, classed, 30) in src.asked
+    assert buckets_query(m.TTFT, classed, 30) in src.asked and buckets_query(m.ITL, classed, 30) in src.asked
+    assert rate_query(f"{m.TTFT}_count", 'job="chunkpilot"', 30) in src.asked  # arrivals: all classes
+    plain = FakeSource({})
+    PrometheusMeasurer(plain, slo, sleep=lambda s: False).measure(30)
+    assert not any("slo_class" in q for q in plain.asked)  # without classes: the queries as before
+
+
+def test_the_tuner_judges_the_default_class_of_a_resource_with_slo_classes():
+    from chunkpilot.tuner.daemon import ClusterConfig, tuning_config
+
+    from ..operator.operator_proc import sample
+
+    spec = sample("x")["spec"]
+    cluster = ClusterConfig(prometheus_url="http://127.0.0.1:1", storage=":memory:")
+    assert tuning_config("ns", "x", spec, cluster).slo_class is None
+    spec["sloClasses"] = [{"name": "chat", "priority": 10}, {"name": "batch", "default": True}]
+    assert tuning_config("ns", "x", spec, cluster).slo_class == "batch"

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import DISAGG_NEVER, Knobs, SchedulerKnobs
-from chunkpilot.contract.slo import DEFAULT_QUANTILE, LatencyTarget, SLOTargets
+from chunkpilot.contract.slo import (CLASS_HEADERS, DEFAULT_QUANTILE, MAX_SLO_CLASSES, LatencyTarget, SLOClass,
+                                     SLOClasses, SLOTargets)
 
 GROUP = "chunkpilot.io"
 VERSION = "v1alpha1"
@@ -201,6 +202,52 @@ class SLOSpec(_Model):
         def target(t: LatencySLO | None) -> LatencyTarget | None:
             return None if t is None else LatencyTarget(t.percentile, t.threshold_seconds)
         return SLOTargets(ttft=target(self.ttft), itl=target(self.itl))
+
+
+SLO_CLASS_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+class SLOClassSpec(_Model):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
+        ("!has(self.queueLimit) || (has(self.priority) && self.priority < 0)",
+         "queueLimit is for sheddable classes: set priority below 0, or remove queueLimit")))
+
+    name: str = Field(..., pattern=SLO_CLASS_NAME_PATTERN,
+                      description=f"What a request names to be served in this class: the {CLASS_HEADERS[0]} header, "
+                                  "the Inference Extension's objective header, or OpenAI's service_tier.")
+    priority: int = Field(0, ge=-1000, le=1000, description="Higher is more important; below 0 is sheddable (the "
+                                                            "Gateway API Inference Extension's polarity).")
+    default: bool = Field(False, description="Requests that name no class are served in this one (at most one "
+                                             "class; none marked: the first).")
+    ttft: LatencySLO | None = Field(None, description="This class's time-to-first-token objective.")
+    itl: LatencySLO | None = Field(None, description="This class's inter-token latency objective: each step is "
+                                                     "sized so the tightest running one is kept.")
+    share: float = Field(0.0, ge=0, le=1, description="The least share of each step's prompt tokens this class gets "
+                                                      "while it has prompt work and others compete (0: none kept).")
+    queue_limit: int | None = Field(None, alias="queueLimit", ge=0, description="Sheddable classes: requests of "
+                                    "this class allowed to wait; beyond it HTTP 429 with Retry-After.")
+
+    @property
+    def slo_class(self) -> SLOClass:
+        def target(t: LatencySLO | None) -> LatencyTarget | None:
+            return None if t is None else LatencyTarget(t.percentile, t.threshold_seconds)
+        return SLOClass(self.name, self.priority, SLOTargets(target(self.ttft), target(self.itl)), self.share,
+                        self.queue_limit)
+
+
+SLO_CLASSES_RULE_MESSAGE = ("spec.sloClasses: names must be distinct, at most one class marked default, and the "
+                            "shares must add up to at most 1")
+SLO_CLASSES_RULE = ("!has(self.sloClasses) || (self.sloClasses.all(c, self.sloClasses.exists_one(d, d.name == c.name))"
+                    " && self.sloClasses.filter(c, has(c.default) && c.default).size() <= 1)")
+
+
+def slo_classes(spec: "InferenceDeploymentSpec") -> SLOClasses | None:
+    """The spec's classes as the engine, the tuner and the operator take them; None without spec.sloClasses.
+    ValueError (the contract's message) for what the schema cannot say."""
+    if not spec.slo_classes:
+        return None
+    default = next((c.name for c in spec.slo_classes if c.default), spec.slo_classes[0].name)
+    return SLOClasses(tuple(c.slo_class for c in spec.slo_classes), default)
 
 
 class Range(_Model):
@@ -501,7 +548,8 @@ class InferenceDeploymentSpec(_Model):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", json_schema_extra=_cel(
         (AUTOSCALING_RULE, AUTOSCALING_RULE_MESSAGE), (QUANTIZATION_RULE, QUANTIZATION_RULE_MESSAGE),
         (DISAGG_TP_RULE, DISAGG_TP_RULE_MESSAGE), (DISAGG_DRAFT_RULE, DISAGG_DRAFT_RULE_MESSAGE),
-        (DISAGG_AUTOSCALING_RULE, DISAGG_AUTOSCALING_RULE_MESSAGE), (ROUTING_DISAGG_RULE, ROUTING_DISAGG_RULE_MESSAGE)))
+        (DISAGG_AUTOSCALING_RULE, DISAGG_AUTOSCALING_RULE_MESSAGE), (ROUTING_DISAGG_RULE, ROUTING_DISAGG_RULE_MESSAGE),
+        (SLO_CLASSES_RULE, SLO_CLASSES_RULE_MESSAGE)))
 
     replicas: int = Field(1, ge=0, le=1000, description="Engine pods (with disaggregation on or auto: "
                                                         "disaggregation.prefill.replicas and decode.replicas "
@@ -510,6 +558,11 @@ class InferenceDeploymentSpec(_Model):
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine pod settings.")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Initial scheduler knobs.")
     slo: SLOSpec = Field(default_factory=SLOSpec, description="Latency objectives.")
+    slo_classes: list[SLOClassSpec] | None = Field(
+        None, alias="sloClasses", max_length=MAX_SLO_CLASSES,
+        description="Per-request SLO classes (docs/slo-classes.md): each request is served in the class it names "
+                    "(or the default), each step is sized by the tightest running deadline; absent: one class, "
+                    "spec.slo, first come first served. Changing them restarts the engine pods.")
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="Online tuning of the scheduler knobs.")
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec,
                                          description="Replicas as the tuner's last knob (needs tuning.mode auto).")
@@ -525,6 +578,15 @@ class InferenceDeploymentSpec(_Model):
         q = self.model.quantization
         if q != "none" and (self.engine.resources.gpus > 0) != (q == "fp8"):
             raise ValueError(QUANTIZATION_RULE_MESSAGE)
+        return self
+
+    @model_validator(mode="after")
+    def _slo_classes_are_consistent(self) -> "InferenceDeploymentSpec":
+        if self.slo_classes:
+            names = [c.name for c in self.slo_classes]
+            if len(set(names)) != len(names) or sum(c.default for c in self.slo_classes) > 1:
+                raise ValueError(SLO_CLASSES_RULE_MESSAGE)
+            slo_classes(self)  # the contract's own checks (shares)
         return self
 
     @model_validator(mode="after")

@@ -74,7 +74,8 @@ class Simulator:
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                                    classes=classes),
                                    BlockManager(num_blocks, block_size, enable_prefix_caching=False), self.holder,
-                                   speculative.num_speculative_tokens if speculative else 0)
+                                   speculative.num_speculative_tokens if speculative else 0,
+                                   now=lambda: self.now)
         self.proposer = speculative.proposer() if speculative else None
         self.now = 0.0
         self.pending = deque(sorted(requests, key=lambda r: r.arrival))

@@ -8,6 +8,7 @@ import time
 import httpx
 
 from chunkpilot.loadgen.stats import RequestRecord
+from chunkpilot.contract.slo import CLASS_HEADERS
 from chunkpilot.loadgen.workloads import RequestSpec
 
 
@@ -16,6 +17,8 @@ async def send(client: httpx.AsyncClient, base_url: str, model: str, spec: Reque
     body = {"model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if spec.slo_class:
+        headers[CLASS_HEADERS[0]] = spec.slo_class
     rec = RequestRecord(kind=spec.kind, prompt_tokens=spec.prompt_tokens, start=time.monotonic())
     try:
         async with client.stream("POST", base_url.rstrip("/") + "/v1/completions", json=body, headers=headers) as res:

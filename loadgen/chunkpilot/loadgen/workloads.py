@@ -46,6 +46,7 @@ class RequestSpec:
     max_tokens: int
     arrival: float  # seconds after the run starts (0 for fixed-concurrency runs)
     prompt_tokens: int = 0
+    slo_class: str | None = None  # sent as x-chunkpilot-slo-class (docs/slo-classes.md); None: the default class
 
 
 def scaled(shape: Shape, scale: float, max_prompt: int | None) -> Shape:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from chunkpilot.api.types import (DISAGGREGATED_ROLES, GROUP, KIND, LLMD_ROLE_LABEL, ROLE_LABEL, VERSION,
-                                  InferenceDeployment, desired_knobs, knob_refusal)
+                                  InferenceDeployment, desired_knobs, knob_refusal, slo_classes)
 from chunkpilot.contract import engine_settings as defaults
 from chunkpilot.contract.knobs import dumps_knobs
 from chunkpilot.operator import policy, routing, rules
@@ -314,6 +314,8 @@ def engine_env(obj: InferenceDeployment, model_path: str,
         values["quantization"] = spec.model.quantization
     if spec.engine.speculative is not None:
         values["speculative_config"] = spec.engine.speculative.engine_config(draft_model_source(obj)[0])
+    if (classes := slo_classes(spec)) is not None:
+        values["slo_classes"] = classes.to_json()
     if role is not None:
         values.update(_role_settings(obj, role))
     elif live(obj):

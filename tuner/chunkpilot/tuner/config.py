@@ -32,6 +32,9 @@ class TuningConfig:
     pods: int | None = None
     # cluster mode: the Prometheus selector of the series this resource is judged by (daemon.measurement_selector)
     selector: str | None = None
+    # with per-request SLO classes (spec.sloClasses): the class whose latencies spec.slo is judged on, the default
+    # class (the tuner does not tune per class yet: docs/slo-classes.md)
+    slo_class: str | None = None
 
     def space(self) -> SearchSpace:
         return SearchSpace.from_bounds(self.budget_bounds, self.chunk_bounds, self.step,

@@ -32,7 +32,8 @@ from pydantic import ValidationError
 
 from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatus, Condition, ConditionType,
                                   InferenceDeployment, InferenceDeploymentSpec, InferenceDeploymentStatus, KnobsStatus,
-                                  SchedulerStatus, SLOStatus, TuningStatus, desired_knobs, knob_refusal)
+                                  SchedulerStatus, SLOStatus, TuningStatus, desired_knobs, knob_refusal,
+                                  slo_classes)
 from chunkpilot.contract.knobs import SchedulerKnobs, threshold_text
 from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.kube.autoscalers import AutoscalerCheck
@@ -95,6 +96,7 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
         budget_bounds=(b.token_budget.min, b.token_budget.max),
         chunk_bounds=(b.max_chunk.min, b.max_chunk.max), threshold_bounds=thresholds, pods=pods,
         selector=measurement_selector(cluster.selector_template, namespace, name, s.disaggregated),
+        slo_class=classes.default if (classes := slo_classes(s)) is not None else None,
         storage=cluster.storage, seed=cluster.seed,
         settings=TunerSettings(mode=s.tuning.mode, objective=s.tuning.objective, window=s.tuning.window_seconds,
                                warmup=s.tuning.warmup_seconds, max_trials=s.tuning.max_trials,
@@ -397,8 +399,9 @@ class Sources:
     """What tune_one builds a resource's loop from, besides the API client and the settings in `memo`: production
     code takes `Sources.of(cluster)`, tests hand in fakes (a scripted measurer, an event list, a quick backoff)."""
 
-    # (selector of the resource's engine series, its SLOs, the wait that a stop ends) -> the window measurer
-    measurer: Callable[[str, SLOTargets, Callable[[float], bool]], Measurer]
+    # (selector of the resource's engine series, its SLOs, the wait that a stop ends, the SLO class whose latencies
+    # are judged or None) -> the window measurer
+    measurer: Callable[[str, SLOTargets, Callable[[float], bool], str | None], Measurer]
     events: Callable[[dict], EventPoster]  # the raw resource -> where its Events go
     build_loop: Callable[..., TunerLoop] = build_loop  # config.build_loop: the study storage named in the config
     # the pause after a failed iteration, doubling while failures repeat (retry.py: the one retry layer)
@@ -407,8 +410,10 @@ class Sources:
     @classmethod
     def of(cls, cluster: ClusterConfig) -> Sources:
         """Prometheus at the cluster's URL; Events through kopf."""
-        def measurer(selector: str, slo: SLOTargets, sleep: Callable[[float], bool]) -> Measurer:
-            return PrometheusMeasurer(PrometheusSource(cluster.prometheus_url, selector), slo, sleep=sleep)
+        def measurer(selector: str, slo: SLOTargets, sleep: Callable[[float], bool], slo_class: str | None
+                     ) -> Measurer:
+            return PrometheusMeasurer(PrometheusSource(cluster.prometheus_url, selector), slo, sleep=sleep,
+                                      slo_class=slo_class)
         return cls(measurer=measurer, events=poster)
 
 
@@ -455,7 +460,7 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
             if config != built_for:
                 start, generation = start_knobs(raw)
                 loop = sources.build_loop(config, StatusActuator(writer, start, generation),
-                                          sources.measurer(config.selector, config.slo, sleep),
+                                          sources.measurer(config.selector, config.slo, sleep, config.slo_class),
                                           StatusPublisher(writer, config, memo.metrics, post_event=sources.events(raw)),
                                           scaler=StatusScaler(kube, namespace, name, autoscalers),
                                           scaling_history=history, backoff=backoff)

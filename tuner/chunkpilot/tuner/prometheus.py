@@ -120,11 +120,14 @@ class PrometheusSource:
 class PrometheusMeasurer:
     """Measurer for TunerLoop. `wait` sleeps for real (scrapes need real time to happen)."""
 
-    def __init__(self, source: PrometheusSource, slo: SLOTargets, sleep=None) -> None:
+    def __init__(self, source: PrometheusSource, slo: SLOTargets, sleep=None, slo_class: str | None = None) -> None:
+        """`slo_class`: with per-request SLO classes, the class whose latencies `slo` is judged on (the others'
+        objectives are their own: a batch class's minute-long TTFTs are no breach of the interactive SLO)."""
         import time
 
         self.source = source
         self.slo = slo
+        self.slo_class = slo_class
         self._sleep = sleep or time.sleep
 
     def check(self) -> None:
@@ -134,9 +137,15 @@ class PrometheusMeasurer:
         if self._sleep(seconds):  # Event.wait returns True when the tuner is asked to stop
             raise MeasurementUnavailable("the tuner is stopping")
 
+    @property
+    def latency_selector(self) -> str:
+        """The selector of the latency series the SLO is judged on: with a class, that class's only."""
+        sel = self.source.selector
+        return sel if self.slo_class is None else f'{sel},{m.SLO_CLASS_LABEL}="{self.slo_class}"'
+
     def _buckets(self, metric: str, seconds: float) -> dict[float, float]:
         out = {}
-        for s in self.source.query(buckets_query(metric, self.source.selector, seconds)):
+        for s in self.source.query(buckets_query(metric, self.latency_selector, seconds)):
             out[float(s["metric"]["le"])] = float(s["value"][1])
         return out
 
@@ -167,8 +176,8 @@ class PrometheusMeasurer:
         sel, src = self.source.selector, self.source
         q_ttft = self.slo.ttft.quantile if self.slo.ttft else DEFAULT_QUANTILE
         q_itl = self.slo.itl.quantile if self.slo.itl else DEFAULT_QUANTILE
-        ttft = src.scalar(quantile_query(m.TTFT, q_ttft, sel, seconds))
-        itl = src.scalar(quantile_query(m.ITL, q_itl, sel, seconds))
+        ttft = src.scalar(quantile_query(m.TTFT, q_ttft, self.latency_selector, seconds))
+        itl = src.scalar(quantile_query(m.ITL, q_itl, self.latency_selector, seconds))
         done_rate = src.scalar(rate_query(f"{m.REQUEST_SUCCESS}", sel, seconds)) or 0.0
         # Arrivals: first tokens (the TTFT histogram's count) plus the growth of the waiting queue.
         first = src.scalar(rate_query(f"{m.TTFT}_count", sel, seconds)) or 0.0

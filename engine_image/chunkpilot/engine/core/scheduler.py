@@ -29,8 +29,9 @@ The scheduler never touches tensors nor runs a proposer. It hands the runner a `
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from chunkpilot.contract.step_cost import kv_kilotokens
@@ -51,9 +52,15 @@ from chunkpilot.engine.core.step_clock import StepClock
 MIN_ACCEPTANCE = 0.3  # 0.25 and 0.4 measured alike at batch 1 (bench/speculative.py)
 DRAFT_PAUSES = (4, 32)  # the first pause and the longest
 ACCEPTANCE_WEIGHT = 0.5  # of the newest step in the moving average
-# With SLO classes, a step may take this share of the tightest running decode's ITL threshold: the rest is the
-# step loop's own time between steps and the fit's error.
+# With SLO classes, a step may take this share of the tightest running decode's ITL threshold, less NOISE_MARGIN
+# times the step clock's noise: the rest is the step loop's own time between steps and the fit's error. (At 0.8
+# alone, on the shared 2-core CPU, steps aimed at 0.4 s for a 0.5-s ITL overran it in ~1 request in 7 at 0.6/s.)
 ITL_SHARE = 0.8
+NOISE_MARGIN = 2.0
+# Until the step clock has seen enough steps to fit (step_clock.MIN_STEPS), a step with a decode that has an ITL
+# carries at most this many prompt tokens: small enough for any ITL a CPU keeps (about 0.12 s with SmolLM2), and
+# prompt steps of some size for the fit. Without it the first seconds of a run missed (a 512-token chunk: 0.9 s).
+COLD_PROMPT_TOKENS = 64
 
 
 @dataclass
@@ -106,8 +113,10 @@ class RunnerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, knobs: KnobHolder,
-                 num_speculative_tokens: int = 0, disable_drafts_above: int | None = None) -> None:
+                 num_speculative_tokens: int = 0, disable_drafts_above: int | None = None,
+                 now: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self.now = now  # the clock of tokens' times (the simulator's is virtual)
         self.block_manager = block_manager
         self.knobs = knobs
         self.num_speculative_tokens = num_speculative_tokens
@@ -179,7 +188,8 @@ class Scheduler:
         made_room = len(out.preempted)  # preempted for a higher class's admission, not for want of KV
         # 1. One token for every running decode, oldest first (with classes, the higher classes first); free blocks
         #    by preempting the newest (with classes, of the lowest class, never a higher one).
-        for seq in (sorted(self.running, key=lambda q: -q.priority) if self.by_class else list(self.running)):
+        decoding = self._decodes_this_step() if self.by_class else list(self.running)
+        for seq in decoding:
             if seq.status is not SequenceStatus.RUNNING or not seq.is_decoding:
                 continue
             if not self._reserve(seq, 1, out, scheduled):
@@ -194,7 +204,10 @@ class Scheduler:
         out.num_decodes = len(out.chunks)
         decodes = list(out.chunks)
         if self.by_class:
-            self._prompts_by_class(out, scheduled, budget, knobs, self._prompt_time(decodes),
+            time_left = self._prompt_time(decodes)
+            if time_left is not None and self.clock.coefficients() is None:  # a deadline, no clock yet
+                budget, time_left = min(budget, COLD_PROMPT_TOKENS), None
+            self._prompts_by_class(out, scheduled, budget, knobs, time_left,
                                    admitting=len(out.preempted) == made_room)
             if not out.chunks and self.running and len(self.running) > 1:
                 self._preempt(self._victim(scheduled, None) or self.running[-1], out)
@@ -245,18 +258,54 @@ class Scheduler:
         kv = sum(kv_kilotokens(c.start, c.num_tokens) for c in sched.chunks)
         self.clock.add(sched.num_prefill_tokens + sched.num_draft_tokens, sched.num_decodes, kv, seconds)
 
+    def _decodes_this_step(self) -> list[Sequence]:
+        """With classes, the running decodes this step carries, higher classes first: all of them while their
+        step fits the tightest ITL; else the tightest class's and every decode that cannot wait another step, then
+        the others least slack first while the step still fits (a batch decode with seconds of ITL slack skips a
+        few steps rather than make every interactive gap long)."""
+        decoding = sorted((s for s in self.running if s.status is SequenceStatus.RUNNING and s.is_decoding),
+                          key=lambda q: -q.priority)
+        itls = [(s, s.slo_class.slo.itl.threshold) for s in decoding
+                if s.slo_class is not None and s.slo_class.slo.itl is not None]
+        if not itls or self.clock.coefficients() is None:
+            return decoding
+        step = self._step_limit(min(t for _, t in itls))  # the longest step the tightest decode allows
+        kv = {id(s): kv_kilotokens(s.num_computed_tokens, 1) for s in decoding}
+        if self.clock.base_seconds(len(decoding), sum(kv.values())) <= step:
+            return decoding
+        now = self.now()
+
+        def slack(s: Sequence) -> float:
+            """Seconds this decode may still wait for its next token (infinite without an ITL)."""
+            c = s.slo_class
+            if c is None or c.slo.itl is None or s.last_token_time is None:
+                return math.inf
+            return ITL_SHARE * c.slo.itl.threshold - (now - s.last_token_time)
+
+        must = [s for s in decoding if slack(s) < 2 * step]  # the tightest class is always here
+        chosen, ids = list(must), {id(s) for s in must}
+        for s in sorted((s for s in decoding if id(s) not in ids), key=slack):
+            if self.clock.base_seconds(len(chosen) + 1, sum(kv[id(x)] for x in chosen) + kv[id(s)]) > step:
+                break
+            chosen.append(s)
+        return sorted(chosen, key=lambda q: -q.priority)
+
     def _prompt_time(self, decodes: list[ScheduledChunk]) -> float | None:
         """Seconds this step may spend on prompt chunks so it ends within ITL_SHARE of the tightest ITL threshold
-        among its decodes; None: no decode with an ITL, or the clock does not know yet."""
+        among its decodes; None: no decode with an ITL."""
         itl = min((c.seq.slo_class.slo.itl.threshold for c in decodes
                    if c.seq.slo_class is not None and c.seq.slo_class.slo.itl is not None), default=None)
         if itl is None:
             return None
         base = self.clock.base_seconds(len(decodes), sum(kv_kilotokens(c.start, c.num_tokens) for c in decodes))
         if base is None:
-            return None
+            return ITL_SHARE * itl  # the clock does not know yet (schedule() caps the tokens instead)
         drafts = sum(self.clock.chunk_seconds(c.start + 1, len(c.draft_token_ids)) for c in decodes)
-        return ITL_SHARE * itl - base - drafts
+        return self._step_limit(itl) - base - drafts
+
+    def _step_limit(self, itl: float) -> float:
+        """The longest step a decode with ITL threshold `itl` allows, as the clock predicts steps."""
+        return ITL_SHARE * itl - NOISE_MARGIN * self.clock.noise()
 
     @staticmethod
     def _order(seq: Sequence) -> tuple:
@@ -370,6 +419,7 @@ class Scheduler:
             token = result.sampled[seq.request_id]
             seq.output_token_ids.append(token)
             seq.num_new_tokens = 1
+            seq.last_token_time = self.now()
             touched.append(seq)
             reason = self._stop_reason(seq, token)
             if reason is not None:
@@ -475,6 +525,7 @@ class Scheduler:
             if reason is not None:
                 break
         seq.num_computed_tokens = len(seq) - 1
+        seq.last_token_time = self.now()
         self.block_manager.commit(seq)
         self.block_manager.trim(seq)
         if reason is not None:

@@ -61,6 +61,8 @@ class Sequence:
     # Per-request SLO classes (docs/slo-classes.md): the class the server chose; None where the deployment has
     # none (one implicit class, first come first served)
     slo_class: SLOClass | None = None
+    # when its newest token was appended (the scheduler's clock): with classes, how long a decode has waited
+    last_token_time: float | None = None
 
     @property
     def priority(self) -> int:

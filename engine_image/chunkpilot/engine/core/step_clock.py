@@ -27,6 +27,8 @@ class StepClock:
         self._decay = 0.5 ** (1.0 / half_life)
         self._xtx = np.zeros((4, 4))
         self._xty = np.zeros(4)
+        self._yy = 0.0  # the faded sum of squared step times, and of weights: the fit's residual from the sums
+        self._weight = 0.0
         self.steps = 0
         self.prompt_steps = 0
         self._coef: np.ndarray | None = None
@@ -35,6 +37,8 @@ class StepClock:
         x = np.array((1.0, float(prompt_tokens), float(decodes), float(kv_kilo)))
         self._xtx = self._xtx * self._decay + np.outer(x, x)
         self._xty = self._xty * self._decay + x * seconds
+        self._yy = self._yy * self._decay + seconds * seconds
+        self._weight = self._weight * self._decay + 1.0
         self.steps += 1
         self.prompt_steps += prompt_tokens > 0
         self._coef = None
@@ -47,6 +51,15 @@ class StepClock:
             ridge = 1e-9 * np.trace(self._xtx) * np.eye(4)
             self._coef = np.maximum(np.linalg.solve(self._xtx + ridge, self._xty), 0.0)  # cost never falls with work
         return self._coef
+
+    def noise(self) -> float:
+        """The standard deviation of recent steps' times about the fit, in seconds (0 while it is unknown): what a
+        step's prediction may be off by on a busy machine (tens of milliseconds on a shared CPU)."""
+        c = self.coefficients()
+        if c is None or self._weight <= 4:
+            return 0.0
+        rss = self._yy - 2 * c @ self._xty + c @ self._xtx @ c  # yᵀy − 2cᵀXᵀy + cᵀXᵀXc
+        return math.sqrt(max(0.0, rss) / (self._weight - 4))
 
     def base_seconds(self, decodes: int, decode_kv_kilo: float) -> float | None:
         """A step's time before any prompt chunk: the overhead and its decodes."""
