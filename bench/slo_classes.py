@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, conditions, model_dir, pyplot, save
+from common import conditions, model_dir, pyplot, save
 
 from chunkpilot.contract.slo import SLOClass, SLOClasses, SLOTargets, kept
 from chunkpilot.demo.engines import EngineProcess

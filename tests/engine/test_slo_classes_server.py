@@ -104,7 +104,7 @@ def stream_in_background(server, n: int, cls: str, max_tokens: int, prompt_of=la
 
 def test_a_higher_class_takes_a_slot_from_a_lower_one_and_no_output_changes(server):
     before = server.metrics()[m.PREEMPTIONS]
-    threads, batch = stream_in_background(server, 4, "batch", 120)  # every sequence slot
+    threads, batch = stream_in_background(server, 4, "batch", 80)  # every sequence slot
     try:
         assert wait_for(lambda: server.metrics()[m.NUM_RUNNING] == 4, 60)
         start = time.monotonic()
@@ -119,14 +119,14 @@ def test_a_higher_class_takes_a_slot_from_a_lower_one_and_no_output_changes(serv
     assert all(b["status"] == 200 for b in batch)
     # the preempted one was recomputed: every batch text equals the same prompt served alone
     for i, b in enumerate(batch):
-        alone = client(server).completions.create(model="smollm2", prompt=f"{PROMPT} {i}", max_tokens=120,
+        alone = client(server).completions.create(model="smollm2", prompt=f"{PROMPT} {i}", max_tokens=80,
                                                   temperature=0, extra_body={"ignore_eos": True})
         assert b["text"] == alone.choices[0].text, i
     print(f"\ninteractive served in {took:.2f} s while four batch streams ran")
 
 
 def test_a_sheddable_class_past_its_queue_limit_gets_429_with_retry_after(server):
-    threads, held = stream_in_background(server, 4, "interactive", 150)  # every slot, not preemptible by spare
+    threads, held = stream_in_background(server, 4, "interactive", 100)  # every slot, not preemptible by spare
     spare = []
     try:
         assert wait_for(lambda: server.metrics()[m.NUM_RUNNING] == 4, 60)

@@ -340,15 +340,26 @@ def test_the_operator_makes_every_routing_object_and_says_where_to_send_traffic(
 def test_the_picker_reads_chunkpilots_gauges_through_the_pool(chain, control_plane):
     """While a request runs on one engine, the picker's pool averages follow chunkpilot's gauges (its metric names,
     mapped by the rendered config; a wrong name fails this, checked)."""
-    stream = threading.Thread(target=lambda: httpx.post(
-        f"{chain.engines[0].url}/v1/completions", timeout=120,
-        json={"model": "smollm2", "prompt": "Count slowly:", "max_tokens": 400, "ignore_eos": True}))
+    seen = threading.Event()
+
+    def stream_until_seen():
+        # streamed, and closed once the picker saw it: the engine aborts the rest (waiting for 400 tokens on a busy
+        # CPU took about 100 s of this test)
+        with httpx.stream("POST", f"{chain.engines[0].url}/v1/completions", timeout=120, json={
+                "model": "smollm2", "prompt": "Count slowly:", "max_tokens": 400, "ignore_eos": True,
+                "stream": True}) as r:
+            for _ in r.iter_lines():
+                if seen.is_set():
+                    return
+
+    stream = threading.Thread(target=stream_until_seen)
     stream.start()
     try:
         assert eventually(lambda: chain.picker_metrics().get("inference_pool_average_running_requests", 0) > 0
                           and chain.picker_metrics().get("inference_pool_average_kv_cache_utilization", 0) > 0,
                           60), chain.diagnose()
     finally:
+        seen.set()
         stream.join()
     # the operator's Role was enough: the picker was refused nothing
     refused = [e["requestURI"] for e in control_plane.audit(f"system:serviceaccount:{NS}:{NAME}-epp", chain.mark)

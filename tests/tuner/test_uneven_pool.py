@@ -83,9 +83,8 @@ def tuned_attainment(seed: int, seconds: float = 3000, last: float = 1000) -> tu
     return sum(1 for r in hot if meets(r, SLO)) / len(hot), fleet.timeline
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_the_tuner_keeps_the_busiest_pods_slo_and_does_not_flap(seed):
-    share, timeline = tuned_attainment(seed)
+def test_the_tuner_keeps_the_busiest_pods_slo_and_does_not_flap():
+    share, timeline = tuned_attainment(0)  # seeds 1-3 alike (docs/routing.md); one keeps the suite short
     assert share >= 0.99, (share, timeline)
     downs = sum(1 for (_, a, _), (_, b, _) in zip(timeline, timeline[1:]) if b < a)
     assert downs <= 1, timeline

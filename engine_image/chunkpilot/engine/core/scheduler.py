@@ -221,9 +221,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or id(seq) in scheduled:
                 continue
-            n = min(seq.num_uncomputed, knobs.max_chunk, budget)
-            n = min(n, bm.free_slots_for(seq)) or self._make_room(seq, n, out, scheduled)
-            if n <= 0 or not bm.ensure_slots(seq, n):
+            n = self._continue_chunk(seq, min(seq.num_uncomputed, knobs.max_chunk, budget), out, scheduled)
+            if n <= 0:
                 continue
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
             scheduled.add(id(seq))
@@ -317,7 +316,6 @@ class Scheduler:
         """Steps 2 and 3 with classes: running prompts and waiting ones in one order (_order); first each class's
         share of the step's prompt tokens is kept for it while it has prompt work, then what is left goes in order
         to anyone (work-conserving)."""
-        bm = self.block_manager
         candidates = sorted([s for s in self.running if s.status is SequenceStatus.RUNNING
                              and id(s) not in scheduled and not s.is_decoding] + list(self.waiting), key=self._order)
         if not candidates or budget <= 0:
@@ -350,9 +348,8 @@ class Scheduler:
                         continue
                     n = min(seq.num_uncomputed, knobs.max_chunk, room)  # the prefix cache may have covered some
                 else:
-                    n = min(seq.num_uncomputed, knobs.max_chunk, room)
-                    n = min(n, bm.free_slots_for(seq)) or self._make_room(seq, n, out, scheduled)
-                    if n <= 0 or not bm.ensure_slots(seq, n):
+                    n = self._continue_chunk(seq, min(seq.num_uncomputed, knobs.max_chunk, room), out, scheduled)
+                    if n <= 0:
                         continue
                 out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
                 scheduled.add(id(seq))
@@ -557,6 +554,13 @@ class Scheduler:
             if victim is seq:
                 return False
         return True
+
+    def _continue_chunk(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled: set[int]) -> int:
+        """KV slots for the next `n` tokens of a running prompt (fewer if its blocks hold fewer and none can be
+        freed); 0 when it gets none this step."""
+        bm = self.block_manager
+        n = min(n, bm.free_slots_for(seq)) or self._make_room(seq, n, out, scheduled)
+        return n if n > 0 and bm.ensure_slots(seq, n) else 0
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled: set[int]) -> int:
         """A running prompt cannot take any token: preempt newer sequences until it can."""
