@@ -207,6 +207,37 @@ def test_a_lower_class_never_preempts_a_higher_one_for_kv():
     assert bm.num_free_blocks == bm.num_blocks
 
 
+def test_a_prompt_that_cannot_make_its_deadline_is_relegated_behind_those_that_can():
+    """Earliest deadline first would serve the hopeless request first and make the ones behind it late too: a
+    prompt that cannot make its TTFT deadline even if it ran now, alone, goes after every one that still can, of any
+    class, and is relegated for good; a sheddable one never is (it has no deadline to protect)."""
+    now = [100.0]
+    bm = BlockManager(512, 4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(8, 2048, (), CLASSES), bm, KnobHolder(SchedulerKnobs(8, 8), min_token_budget=4),
+                      now=lambda: now[0])
+    runner = FakeRunner(512 * 4, 4, VOCAB)
+    train(sched)  # a prompt token costs 1 ms
+    late = seq("late", range(1, 10), CHAT, arrival_time=98.5)  # due at 99.5: past
+    hopeless = seq("hopeless", range(2, 1002), CHAT, arrival_time=99.5)  # due at 100.5; its 1,000 tokens: 1 s
+    fresh = seq("fresh", range(3, 12), CHAT, arrival_time=99.9)  # due at 100.9
+    batch = seq("batch", range(4, 13), BATCH, arrival_time=50.0)  # due at 110
+    spare = seq("spare", range(5, 14), SPARE, arrival_time=-900.0)  # past its 600 s: sheddable, never relegated
+    for s in (late, hopeless, fresh, batch, spare):
+        sched.add(s)
+    order = []  # in the order their first tokens came
+    while len(order) < 5:
+        step(sched, runner)
+        order += [s.request_id for s in (late, hopeless, fresh, batch, spare)
+                  if s.output_token_ids and s.request_id not in order]
+    assert order == ["fresh", "batch", "spare", "late", "hopeless"], order
+    assert late.relegated and hopeless.relegated
+    assert not any(s.relegated for s in (fresh, batch, spare))
+    run_to_end(sched, runner)
+    for s in (late, hopeless, fresh, batch, spare):  # outputs exact, nothing leaked
+        assert s.output_token_ids == reference_output(s.prompt_token_ids, s.params.max_tokens, VOCAB)
+    assert bm.num_free_blocks == bm.num_blocks
+
+
 CLASS_LIST = [CHAT, BATCH, SPARE, SLOClass("bulk", 0, SLOTargets(), share=0.3)]
 
 

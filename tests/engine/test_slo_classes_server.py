@@ -159,3 +159,40 @@ def test_latency_series_and_slo_met_counters_by_class(server):
     assert got[m.SLO_MET + str([(m.SLO_CLASS_LABEL, "batch")])] >= 1  # 300 s TTFT, 30 s ITL: kept
     finished = sum(v for k, v in got.items() if k.startswith(m.REQUEST_SUCCESS) and "'batch'" in k)
     assert finished >= got[m.SLO_MET + str([(m.SLO_CLASS_LABEL, "batch")])]
+
+
+def test_the_tuner_measures_each_class_on_the_real_prometheus(server, tmp_path):
+    """The tuner's per-class window (docs/slo-classes.md, "The tuner") from the real Prometheus scraping this
+    engine: each class's finished and kept requests (the engine's exact counters), its own latencies."""
+    from chunkpilot.lab.prometheus_server import PrometheusServer
+    from chunkpilot.tuner.prometheus import PrometheusMeasurer, PrometheusSource
+
+    from ..conftest import require_tool
+
+    require_tool("prometheus", "sudo apt-get install prometheus (Debian/Ubuntu), or put it on PATH")
+    prom = PrometheusServer(tmp_path / "prom", [server.url.removeprefix("http://")]).start()
+    try:
+        source = PrometheusSource(prom.url, 'job="chunkpilot"')
+        # a first scrape before the traffic: increase() counts from it
+        assert wait_for(lambda: source.query(f'{m.SLO_MET}{{job="chunkpilot"}}'), 30)
+        for _ in range(3):
+            complete(server, service_tier="batch")
+        complete(server)  # interactive
+        scraped = f'sum({m.SLO_MET}{{job="chunkpilot",slo_class="batch"}})'
+        done = server.metrics()[m.SLO_MET + str([(m.SLO_CLASS_LABEL, "batch")])]
+        assert wait_for(lambda: (source.scalar(scraped) or 0) >= done, 30)
+        time.sleep(2)  # one more scrape after the last change, so the window's edge holds it
+        window = PrometheusMeasurer(source, CLASSES.get("interactive").slo, sleep=lambda s: False,
+                                    classes=CLASSES).measure(60)
+    finally:
+        prom.stop()
+    by = {c.name: c for c in window.classes}
+    assert list(by) == CLASSES.names
+    # increase() extrapolates every series scraped together by the same factor (the window is longer than the
+    # data): the counts at least, and exactly in proportion
+    assert by["batch"].finished >= 3 and by["batch"].met == pytest.approx(by["batch"].finished, rel=0.01)
+    assert by["interactive"].finished == pytest.approx(by["batch"].finished / 3, rel=0.01)
+    assert by["spare"].finished == pytest.approx(0, abs=0.01) and by["spare"].ttft is None  # no traffic
+    assert by["batch"].ttft is not None and by["batch"].ttft <= 30.0  # at its own quantile, in seconds
+    assert by["batch"].ttft_slo == 300.0 and by["interactive"].itl_slo == 5.0 and by["spare"].sheddable
+    assert window.goodput == pytest.approx(sum(c.met for c in window.classes) / 60)

@@ -371,7 +371,7 @@ def test_tune_one_measures_a_disaggregated_resource_on_its_decode_pods_and_searc
         built.update(config=config, measurer=measurer, start=actuator.current())
         return Loop()
 
-    sources = daemon.Sources(measurer=lambda selector, slo, sleep, slo_class: selector, events=lambda raw: lambda *e: None,
+    sources = daemon.Sources(measurer=lambda selector, slo, sleep, classes: selector, events=lambda raw: lambda *e: None,
                              build_loop=build_loop, backoff=lambda: Backoff(0.01, 1.0))
     memo = kopf.Memo(kube=Kube(), cluster=CLUSTER, metrics=None)
     daemon.tune_one("ml", "llm", "u1", memo, stop, sources)

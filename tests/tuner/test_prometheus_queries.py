@@ -96,29 +96,33 @@ def test_non_finite_answers_of_the_real_prometheus_are_no_value(tmp_path):
         prom.stop()
 
 
-def test_with_slo_classes_the_slo_is_judged_on_its_class_and_the_load_counts_every_class():
-    """spec.sloClasses: spec.slo is judged on the default class's latencies (a batch class's long TTFTs are not a
-    breach of the interactive SLO), while arrivals and throughput count every class."""
+def test_with_slo_classes_each_class_is_measured_at_its_own_slo_and_the_load_counts_the_unsheddable():
+    """spec.sloClasses: each class's latencies at its own quantile, its finished and kept requests by class (the
+    engines' exact counts make the goodput); spec.slo is measured on the default class; the guide's load counts
+    every class but the sheddable ones (served with what is left, they add no pods)."""
+    from chunkpilot.contract.slo import SLOClass, SLOClasses
+    from chunkpilot.tuner.prometheus import by_class_query
+
+    classes = SLOClasses((SLOClass("interactive", 10, SLOTargets(ttft=LatencyTarget(0.9, 3.0))),
+                          SLOClass("spare", -1, SLOTargets.p99(ttft=60.0))), "interactive")
     src = FakeSource({})
     slo = SLOTargets(ttft=LatencyTarget(0.99, 5.0), itl=LatencyTarget(0.99, 0.5))
-    PrometheusMeasurer(src, slo, sleep=lambda s: False, slo_class="interactive").measure(30)
+    measurer = PrometheusMeasurer(src, slo, sleep=lambda s: False, classes=classes)
+    w = measurer.measure(30)
+    assert [c.name for c in w.classes] == ["interactive", "spare"]
     classed = 'job="chunkpilot",slo_class="interactive"'
-    assert quantile_query(m.TTFT, 0.99, classed, 30) in src.asked
-    assert quantile_query(m.ITL, 0.99, classed, 30) in src.asked
-    assert buckets_query(m.TTFT, classed, 30) in src.asked and buckets_query(m.ITL, classed, 30) in src.asked
+    assert quantile_query(m.TTFT, 0.9, classed, 30) in src.asked  # the class's own quantile
+    assert quantile_query(m.TTFT, 0.99, 'job="chunkpilot",slo_class="spare"', 30) in src.asked
+    assert quantile_query(m.ITL, 0.99, classed, 30) in src.asked  # spec.slo on the default class
+    assert by_class_query(m.SLO_MET, 'job="chunkpilot"', 30) in src.asked
+    assert by_class_query(m.REQUEST_SUCCESS, 'job="chunkpilot"', 30) == (
+        'sum by (slo_class) (increase(chunkpilot:request_success_total{job="chunkpilot"}[30s]))')
+    assert not any(q.startswith("sum by (le)") for q in src.asked)  # no bucket estimate: the counts are exact
     assert rate_query(f"{m.TTFT}_count", 'job="chunkpilot"', 30) in src.asked  # arrivals: all classes
+    src.asked.clear()
+    src.step_model = lambda seconds: None
+    measurer.context(30)
+    assert rate_query(f"{m.TTFT}_count", 'job="chunkpilot",slo_class!~"spare"', 30) in src.asked
     plain = FakeSource({})
     PrometheusMeasurer(plain, slo, sleep=lambda s: False).measure(30)
     assert not any("slo_class" in q for q in plain.asked)  # without classes: the queries as before
-
-
-def test_the_tuner_judges_the_default_class_of_a_resource_with_slo_classes():
-    from chunkpilot.tuner.daemon import ClusterConfig, tuning_config
-
-    from ..operator.operator_proc import sample
-
-    spec = sample("x")["spec"]
-    cluster = ClusterConfig(prometheus_url="http://127.0.0.1:1", storage=":memory:")
-    assert tuning_config("ns", "x", spec, cluster).slo_class is None
-    spec["sloClasses"] = [{"name": "chat", "priority": 10}, {"name": "batch", "default": True}]
-    assert tuning_config("ns", "x", spec, cluster).slo_class == "batch"

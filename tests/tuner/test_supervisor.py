@@ -16,7 +16,7 @@ def fake_sources(**given):
     nothing), Events dropped, short pauses; `given` replaces any of them."""
     from chunkpilot.tuner import daemon
 
-    return daemon.Sources(**{"measurer": lambda selector, slo, sleep, slo_class: None, "events": lambda raw: lambda *event: None,
+    return daemon.Sources(**{"measurer": lambda selector, slo, sleep, classes: None, "events": lambda raw: lambda *event: None,
                              "backoff": lambda: Backoff(0.01, daemon.ERROR_BACKOFF_MAX), **given})
 
 

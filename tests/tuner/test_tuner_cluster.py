@@ -112,6 +112,17 @@ def test_status_actuator_writes_tuner_knobs_and_keeps_other_conditions(k):
     conds = {c["type"]: c for c in k.status(ns, "act")["conditions"]}
     assert conds["Ready"]["status"] == "True" and conds["Tuning"]["reason"] == "Exploring"
     assert k.status(ns, "act")["tuning"]["phase"] == "Exploring"
+    # with SLO classes, each class's measurement: the API server's schema takes it as the tuner writes it
+    from chunkpilot.contract.slo import SLOClass, SLOClasses, SLOTargets
+    from chunkpilot.tuner.measurement import Window, class_windows
+    from chunkpilot.tuner.state import status_slo
+
+    classes = SLOClasses((SLOClass("chat", 10, SLOTargets.p99(ttft=3.0, itl=0.5)), SLOClass("spare", -1)), "chat")
+    w = Window(seconds=60, requests=10, request_rate=0.2, output_tokens_per_s=5.0, goodput=0.15, ttft=1.0,
+               itl=0.2, classes=class_windows(classes, {"chat": dict(ttft=1.0, itl=0.2, finished=10, met=9)}))
+    writer.write(slo=status_slo(w, classes.get("chat").slo))
+    assert k.status(ns, "act")["slo"]["classes"] == [
+        {"name": "chat", "ttftSeconds": 1.0, "itlSeconds": 0.2, "attainment": 0.9, "met": True}, {"name": "spare"}]
 
 
 def test_tuner_process_holds_when_prometheus_is_unreachable(k, control_plane, chart_accounts, tmp_path):

@@ -103,7 +103,7 @@ def run_tuner(chart_accounts, admin, name, storage, *, stopped=None, events=None
     # a fixed seed for both resources: without one each deployment's name seeds its sampler (study._ask_seed)
     memo = kopf.Memo(kube=tuner_kube(chart_accounts), metrics=None,
                      cluster=daemon.ClusterConfig(prometheus_url="http://prometheus.invalid", storage=storage, seed=3))
-    sources = daemon.Sources(measurer=lambda selector, slo, sleep, slo_class: pods,
+    sources = daemon.Sources(measurer=lambda selector, slo, sleep, classes: pods,
                              events=lambda raw: lambda type_, reason, message: events.append((type_, reason, message)),
                              backoff=lambda: Backoff(0.2, daemon.ERROR_BACKOFF_MAX))
     daemon.tune_one(NS, name, raw["metadata"]["uid"], memo, stopped, sources)

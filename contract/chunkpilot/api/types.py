@@ -282,7 +282,8 @@ class TuningSpec(_Model):
     guidance: Literal["model", "blackbox"] = Field(
         "model", description="model: try only knobs a step-time model, fitted on the engines' own steps while they "
                              "serve, predicts to keep the SLOs (and say NoFeasibleKnobs when none can); blackbox: "
-                             "Optuna alone, for comparison.")
+                             "Optuna alone, for comparison. With spec.sloClasses the search is Optuna's (the "
+                             "model predicts a first-come-first-served step).")
 
 
 class AutoscalingSpec(_Model):
@@ -787,11 +788,27 @@ class AutoscalingStatus(_Model):
     reason: str = Field("", description="Why the tuner recommends these replicas.")
 
 
+class ClassSLOStatus(_Model):
+    """One SLO class (spec.sloClasses) as the tuner's last window measured it."""
+
+    name: str = Field(..., description="The class.")
+    ttft_seconds: float | None = Field(None, alias="ttftSeconds", description="Measured TTFT at the class's "
+                                                                              "percentile.")
+    itl_seconds: float | None = Field(None, alias="itlSeconds", description="Measured ITL at the class's percentile.")
+    attainment: float | None = Field(None, ge=0, le=1, description="Fraction of the class's finished requests "
+                                                                   "that kept its SLOs.")
+    met: bool | None = Field(None, description="The class's latency SLOs held over the window (none judged: no "
+                                               "traffic). Sheddable classes are reported, never a breach.")
+
+
 class SLOStatus(_Model):
     ttft_seconds: float | None = Field(None, alias="ttftSeconds", description="Measured TTFT at its percentile.")
     itl_seconds: float | None = Field(None, alias="itlSeconds", description="Measured ITL at its percentile.")
     attainment: float | None = Field(None, ge=0, le=1, description="Fraction of requests within the SLOs.")
     window_seconds: int | None = Field(None, alias="windowSeconds", description="Window measured.")
+    classes: list[ClassSLOStatus] | None = Field(
+        None, max_length=MAX_SLO_CLASSES, description="With spec.sloClasses: each class's latencies and attainment; "
+                                                      "SLOMet is True when every non-sheddable class kept its SLOs.")
 
 
 class RoleStatus(_Model):

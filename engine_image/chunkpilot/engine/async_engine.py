@@ -425,7 +425,9 @@ class AsyncEngine:
             seq = live.seq
             c.e2e.observe(now - seq.arrival_time)
             c.finished(out.finish_reason).inc()
-            if slo_class is not None and live.first_token is not None and kept(slo_class.slo,
+            if seq.relegated:
+                c.relegated.inc()
+            elif slo_class is not None and live.first_token is not None and kept(slo_class.slo,
                                                                             live.first_token - seq.arrival_time,
                                                                             live.gaps):
                 c.slo_met.inc()

@@ -19,6 +19,7 @@ from chunkpilot.contract.engine_settings import ROLES
 from chunkpilot.contract.slo import IMPLICIT_CLASS
 from chunkpilot.contract.step_cost import StepMoments
 from chunkpilot.engine.core.block_manager import CacheShape
+from chunkpilot.engine.core.sequence import FinishReason
 
 # `*_created` series double the exposition and no dashboard or rule here uses them (vLLM drops them too).
 disable_created_metrics()
@@ -38,6 +39,7 @@ class ClassMetrics:
     e2e: Any
     slo_met: Any
     finished: Callable[[str], Any]  # by finish reason
+    relegated: Any
 
 
 class EngineMetrics:
@@ -69,8 +71,9 @@ class EngineMetrics:
         self._slo_met = Counter(_base(SLO_MET), "Finished requests that kept their SLO class's TTFT and ITL "
                                 "thresholds (the ITL at its quantile over the request's own gaps).", classed,
                                 registry=r)
-        for name in slo_classes:  # every class's series from the start, so a rate over them is never absent
-            self.classed(name)
+        self._relegated = Counter(_base(RELEGATED), "Finished requests the scheduler relegated: predicted to miss "
+                                  "their class's TTFT deadline, served after every request that could still make "
+                                  "its own, and counted as misses.", classed, registry=r)
         self.tpot = hist(TPOT, "Mean time per output token of each finished request.", ITL_BUCKETS)
         self.queue_time = hist(QUEUE_TIME, "Time a request waited before its first scheduled step.", REQUEST_LATENCY_BUCKETS)
         self.prefill_time = hist(PREFILL_TIME, "Time from first scheduled step to first token.", REQUEST_LATENCY_BUCKETS)
@@ -108,6 +111,8 @@ class EngineMetrics:
             _base(REQUEST_SUCCESS), "Finished requests by finish reason and SLO class.",
             [MODEL_LABEL, "finished_reason", SLO_CLASS_LABEL], registry=r
         )
+        for name in slo_classes:  # every class's series from the start, so a rate over them is never absent
+            self.classed(name)
         self.rejected = Counter(
             _base(REQUESTS_REJECTED), "Requests refused before running, by reason.", [MODEL_LABEL, "reason"], registry=r
         )
@@ -187,7 +192,12 @@ class EngineMetrics:
             c = self._by_class[slo_class] = ClassMetrics(
                 self._ttft.labels(name, slo_class), self._itl.labels(name, slo_class),
                 self._e2e.labels(name, slo_class), self._slo_met.labels(name, slo_class),
-                lambda reason, _c=slo_class: self._request_success.labels(name, reason, _c))
+                lambda reason, _c=slo_class: self._request_success.labels(name, reason, _c),
+                self._relegated.labels(name, slo_class))
+            # every finish reason's series from the start too: a series born at its first request would hide that
+            # request from increase() over the window it finished in (the tuner's finished count by class)
+            for reason in FinishReason:
+                c.finished(reason.value)
         return c
 
     def ttft_phase(self, phase: str):

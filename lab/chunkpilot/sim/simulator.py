@@ -24,7 +24,7 @@ from chunkpilot.engine.core.sequence import Sequence
 from chunkpilot.engine.speculation.proposers import propose_drafts
 from chunkpilot.loadgen.stats import RequestRecord, meets
 from chunkpilot.loadgen.workloads import RequestSpec
-from chunkpilot.tuner.measurement import Window
+from chunkpilot.tuner.measurement import Window, class_windows
 from chunkpilot.tuner.predictor import Load, imbalance_of, prompts_from_buckets
 from chunkpilot.sim.costmodel import StepCost
 from chunkpilot.tuner.space import Knobs
@@ -122,6 +122,11 @@ class Simulator:
             self._live[rid] = rec
             self.records.append(rec)
             self.arrivals.append((spec.arrival, len(prompt), spec.max_tokens))
+
+    def class_name(self, kind: str) -> str | None:
+        """The SLO class a request of this kind is served in (None without classes)."""
+        c = self._class_of(kind)
+        return None if c is None else c.name
 
     def _class_of(self, kind: str) -> SLOClass | None:
         if self.classes is None:
@@ -246,9 +251,16 @@ def window_over(sims: list[Simulator], now: float, seconds: float, slo: SLOTarge
     busy = [[b for b in s.prefill_busy if t0 < b[0] <= t1] for s in sims]
     busy_pods = sum(1 for b in busy if b)
     flat = [b for bs in busy for b in bs]
+    classes, goodput = (), sum(1 for r in done if meets(r, slo)) / seconds
+    if sims[0].classes is not None:  # as the engines count them: each class at its own SLOs, spec.slo on the default
+        classes = _class_windows(sims[0], records, t0, t1)
+        goodput = sum(c.met for c in classes) / seconds
+        default = [r for r in records if sims[0].class_name(r.kind) == sims[0].classes.default]
+        ttfts = [r.ttft for r in default if r.first_token is not None and t0 < r.first_token <= t1]
+        gaps = [b - a for r in default for a, b in zip(r.token_times, r.token_times[1:]) if t0 < b <= t1]
     return Window(
         seconds=seconds, requests=len(done), request_rate=len(arrived) / seconds,
-        output_tokens_per_s=tokens / seconds, goodput=sum(1 for r in done if meets(r, slo)) / seconds,
+        output_tokens_per_s=tokens / seconds, goodput=goodput, classes=classes,
         ttft=float(np.quantile(ttfts, q_ttft)) if ttfts else None,
         itl=float(np.quantile(gaps, q_itl)) if gaps else None,
         mean_prompt_tokens=float(np.mean([p for p, _ in arrived])) if arrived else 0.0,
@@ -257,6 +269,21 @@ def window_over(sims: list[Simulator], now: float, seconds: float, slo: SLOTarge
         prefill_capacity=sum(n for _, _, n in flat) / sum(d for _, d, _ in flat) * busy_pods if flat else None,
         pods=max(1, len(sims)),
     )
+
+
+def _class_windows(sim: Simulator, records: list[RequestRecord], t0: float, t1: float):
+    measured = {}
+    for c in sim.classes.classes:
+        mine = [r for r in records if sim.class_name(r.kind) == c.name]
+        done = [r for r in mine if r.end is not None and t0 < r.end <= t1]
+        ttfts = [r.ttft for r in mine if r.first_token is not None and t0 < r.first_token <= t1]
+        gaps = [b - a for r in mine for a, b in zip(r.token_times, r.token_times[1:]) if t0 < b <= t1]
+        q_ttft = c.slo.ttft.quantile if c.slo.ttft else DEFAULT_QUANTILE
+        q_itl = c.slo.itl.quantile if c.slo.itl else DEFAULT_QUANTILE
+        measured[c.name] = dict(finished=float(len(done)), met=float(sum(1 for r in done if meets(r, c.slo))),
+                                ttft=float(np.quantile(ttfts, q_ttft)) if ttfts else None,
+                                itl=float(np.quantile(gaps, q_itl)) if gaps else None)
+    return class_windows(sim.classes, measured)
 
 
 def load_over(sims: list[Simulator], now: float, seconds: float, pods: int | None = None) -> Load:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chunkpilot.contract.slo import DEFAULT_QUANTILE, LatencyTarget, SLOTargets
+from chunkpilot.contract.slo import DEFAULT_QUANTILE, LatencyTarget, SLOClasses, SLOTargets
 from chunkpilot.tuner.autoscale import ScalingPolicy
 from chunkpilot.tuner.interfaces import Actuator, Measurer, Publisher, Scaler
 from chunkpilot.tuner.loop import TunerLoop, TunerSettings
@@ -32,9 +32,9 @@ class TuningConfig:
     pods: int | None = None
     # cluster mode: the Prometheus selector of the series this resource is judged by (daemon.measurement_selector)
     selector: str | None = None
-    # with per-request SLO classes (spec.sloClasses): the class whose latencies spec.slo is judged on, the default
-    # class (the tuner does not tune per class yet: docs/slo-classes.md)
-    slo_class: str | None = None
+    # with per-request SLO classes (spec.sloClasses): every non-sheddable class is a constraint at its own SLOs and
+    # the objective weighs the classes (measurement.py); spec.slo is measured on the default class
+    classes: SLOClasses | None = None
 
     def space(self) -> SearchSpace:
         return SearchSpace.from_bounds(self.budget_bounds, self.chunk_bounds, self.step,

@@ -35,7 +35,7 @@ from chunkpilot.api.types import (GROUP, KIND, PLURAL, VERSION, AutoscalingStatu
                                   SchedulerStatus, SLOStatus, TuningStatus, desired_knobs, knob_refusal,
                                   slo_classes)
 from chunkpilot.contract.knobs import SchedulerKnobs, threshold_text
-from chunkpilot.contract.slo import SLOTargets
+from chunkpilot.contract.slo import SLOClasses, SLOTargets
 from chunkpilot.kube.autoscalers import AutoscalerCheck
 from chunkpilot.kube.client import Kube, load_config
 from chunkpilot.kube.conditions import merge_conditions, now_rfc3339
@@ -84,8 +84,14 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
         raise ValueError(why)  # the operator's rule: the tuner holds what the operator refuses
     slo = s.slo.targets
     b, a = s.tuning.bounds, s.autoscaling
+    classes = slo_classes(s)
+    # With classes the engine composes each step for the tightest deadline running; the step-time model predicts
+    # a first-come-first-served step, so it cannot screen knobs there: Optuna searches, judged by measurement.
+    guidance = "blackbox" if classes is not None else s.tuning.guidance
     thresholds = threshold_bounds(s)
     targets = {"slo": s.slo.model_dump(), "bounds": b.model_dump(), "objective": s.tuning.objective}
+    if classes is not None:  # the constraints and the objective are the classes': another study
+        targets["classes"] = classes.to_json()
     pods = s.disaggregation.pods if thresholds is not None else None
     if thresholds is not None:  # another space, another study; every other resource keeps its study's name
         targets["thresholds"] = list(thresholds)
@@ -96,11 +102,11 @@ def tuning_config(namespace: str, name: str, spec: dict, cluster: ClusterConfig)
         budget_bounds=(b.token_budget.min, b.token_budget.max),
         chunk_bounds=(b.max_chunk.min, b.max_chunk.max), threshold_bounds=thresholds, pods=pods,
         selector=measurement_selector(cluster.selector_template, namespace, name, s.disaggregated),
-        slo_class=classes.default if (classes := slo_classes(s)) is not None else None,
+        classes=classes,
         storage=cluster.storage, seed=cluster.seed,
         settings=TunerSettings(mode=s.tuning.mode, objective=s.tuning.objective, window=s.tuning.window_seconds,
                                warmup=s.tuning.warmup_seconds, max_trials=s.tuning.max_trials,
-                               min_requests=cluster.min_requests, guidance=s.tuning.guidance,
+                               min_requests=cluster.min_requests, guidance=guidance,
                                apply_timeout=cluster.apply_timeout),
         scaling=ScalingPolicy(mode=a.mode, min_replicas=a.min_replicas, max_replicas=a.max_replicas,
                               up_stabilization=a.scale_up_stabilization_seconds,
@@ -399,9 +405,9 @@ class Sources:
     """What tune_one builds a resource's loop from, besides the API client and the settings in `memo`: production
     code takes `Sources.of(cluster)`, tests hand in fakes (a scripted measurer, an event list, a quick backoff)."""
 
-    # (selector of the resource's engine series, its SLOs, the wait that a stop ends, the SLO class whose latencies
-    # are judged or None) -> the window measurer
-    measurer: Callable[[str, SLOTargets, Callable[[float], bool], str | None], Measurer]
+    # (selector of the resource's engine series, its SLOs, the wait that a stop ends, its SLO classes or None) ->
+    # the window measurer
+    measurer: Callable[[str, SLOTargets, Callable[[float], bool], SLOClasses | None], Measurer]
     events: Callable[[dict], EventPoster]  # the raw resource -> where its Events go
     build_loop: Callable[..., TunerLoop] = build_loop  # config.build_loop: the study storage named in the config
     # the pause after a failed iteration, doubling while failures repeat (retry.py: the one retry layer)
@@ -410,10 +416,10 @@ class Sources:
     @classmethod
     def of(cls, cluster: ClusterConfig) -> Sources:
         """Prometheus at the cluster's URL; Events through kopf."""
-        def measurer(selector: str, slo: SLOTargets, sleep: Callable[[float], bool], slo_class: str | None
+        def measurer(selector: str, slo: SLOTargets, sleep: Callable[[float], bool], classes: SLOClasses | None
                      ) -> Measurer:
             return PrometheusMeasurer(PrometheusSource(cluster.prometheus_url, selector), slo, sleep=sleep,
-                                      slo_class=slo_class)
+                                      classes=classes)
         return cls(measurer=measurer, events=poster)
 
 
@@ -460,7 +466,7 @@ def tune_one(namespace: str, name: str, uid: str, memo: kopf.Memo, stopped: thre
             if config != built_for:
                 start, generation = start_knobs(raw)
                 loop = sources.build_loop(config, StatusActuator(writer, start, generation),
-                                          sources.measurer(config.selector, config.slo, sleep, config.slo_class),
+                                          sources.measurer(config.selector, config.slo, sleep, config.classes),
                                           StatusPublisher(writer, config, memo.metrics, post_event=sources.events(raw)),
                                           scaler=StatusScaler(kube, namespace, name, autoscalers),
                                           scaling_history=history, backoff=backoff)

@@ -6,7 +6,44 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from chunkpilot.contract.slo import SLOTargets
+from chunkpilot.contract.slo import SLOClasses, SLOTargets
+
+
+@dataclass(frozen=True)
+class ClassWindow:
+    """One SLO class's part of a window (spec.sloClasses): its latencies at its own quantiles, the thresholds they
+    are judged against, and its finished requests with those that kept every SLO of the class (the engine's own
+    exact count, `slo_met_requests_total`)."""
+
+    name: str
+    weight: float  # its requests' weight in the class-weighted goodput (class_weights)
+    sheddable: bool  # priority below 0: never a constraint
+    finished: float = 0.0  # requests of the class finished in the window
+    met: float = 0.0  # of those, the ones that kept the class's SLOs
+    ttft: float | None = None
+    itl: float | None = None
+    ttft_slo: float | None = None  # thresholds, seconds (None: not judged)
+    itl_slo: float | None = None
+
+    @property
+    def attainment(self) -> float | None:
+        return min(1.0, self.met / self.finished) if self.finished > 0 else None
+
+
+def class_weights(classes: SLOClasses) -> dict[str, float]:
+    """Each class's weight in the objective: its rank among the distinct priorities, the lowest 1. Higher classes
+    count for more, and no weight is a number the user has to pick (priorities already order the classes)."""
+    ranks = sorted({c.priority for c in classes.classes})
+    return {c.name: float(ranks.index(c.priority) + 1) for c in classes.classes}
+
+
+def class_windows(classes: SLOClasses, measured: dict[str, dict]) -> tuple[ClassWindow, ...]:
+    """The classes' parts of a window from what was measured of each (`finished`, `met`, `ttft`, `itl`; a class
+    missing from `measured` had no traffic)."""
+    weights = class_weights(classes)
+    return tuple(ClassWindow(c.name, weights[c.name], c.sheddable, **measured.get(c.name, {}),
+                             ttft_slo=c.slo.ttft.threshold if c.slo.ttft else None,
+                             itl_slo=c.slo.itl.threshold if c.slo.itl else None) for c in classes.classes)
 
 
 @dataclass(frozen=True)
@@ -28,6 +65,9 @@ class Window:
     # busy second, times the pods); None when unknown (no prompt work in the window, or engines without it)
     prefill_capacity: float | None = None
     pods: int = 1  # engines measured: loads are compared per pod, so that a scale event is not a knob effect
+    # With per-request SLO classes: each class's part. The latency constraints and the goodput objective are then
+    # the classes' (every non-sheddable class within its own SLOs); `ttft`, `itl` above are the default class's.
+    classes: tuple[ClassWindow, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -35,7 +75,11 @@ class Window:
 
 def window_of(d: dict) -> Window:
     """A window stored as a dict (trial attributes, status); fields it lacks take their defaults."""
-    return Window(**{k: v for k, v in d.items() if k in Window.__dataclass_fields__})
+    fields = {k: v for k, v in d.items() if k in Window.__dataclass_fields__}
+    fields["classes"] = tuple(c if isinstance(c, ClassWindow) else
+                              ClassWindow(**{k: v for k, v in c.items() if k in ClassWindow.__dataclass_fields__})
+                              for c in fields.get("classes") or ())
+    return Window(**fields)
 
 
 def objective_value(w: Window, objective: str) -> float:
@@ -47,6 +91,13 @@ def objective_value(w: Window, objective: str) -> float:
     within every SLO, and a window that falls behind (fewer completions than arrivals) still scores less."""
     if objective == "goodput":
         served = max(w.request_rate, w.requests / w.seconds if w.seconds > 0 else 0.0)
+        if w.classes:
+            # class-weighted: the weighted share of finished requests that kept their class's SLOs, times the
+            # share of the load finished (a window that falls behind scores less, as without classes)
+            weighted = sum(c.weight * c.finished for c in w.classes)
+            kept_share = sum(c.weight * c.met for c in w.classes) / weighted if weighted > 0 else 0.0
+            done = w.requests / w.seconds if w.seconds > 0 else 0.0
+            return kept_share * done / served if served > 0 else 0.0
         return w.goodput / served if served > 0 else 0.0
     if objective == "throughput":
         return w.output_tokens_per_s
@@ -100,7 +151,13 @@ def headroom_constraint(w: Window, demand: float) -> float:
 
 def latency_constraints(w: Window, slo: SLOTargets, margin: float = 1.0) -> list[float]:
     """Relative excess over `margin` x each threshold, so TTFT and ITL weigh alike; a missing percentile (no
-    data) counts as violated."""
+    data) counts as violated. With SLO classes, each non-sheddable class's latencies against its own thresholds
+    (`slo` is then the guide's, not a constraint), in the classes' order; a class without traffic in the window
+    is not judged (0), because its quiet minute says nothing, and one starved of service shows in keeping up."""
+    if w.classes:
+        return [0.0 if measured is None or math.isnan(measured) else measured / (threshold * margin) - 1.0
+                for c in w.classes if not c.sheddable
+                for threshold, measured in ((c.ttft_slo, c.ttft), (c.itl_slo, c.itl)) if threshold is not None]
     out = []
     for target, measured in ((slo.ttft, w.ttft), (slo.itl, w.itl)):
         if target is None:

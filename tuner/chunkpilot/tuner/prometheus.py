@@ -13,9 +13,9 @@ from urllib3.util.retry import Retry
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 
 from chunkpilot.contract import metric_names as m
-from chunkpilot.contract.slo import DEFAULT_QUANTILE, SLOTargets
+from chunkpilot.contract.slo import DEFAULT_QUANTILE, SLOClasses, SLOTargets
 from chunkpilot.tuner.interfaces import MeasurementUnavailable
-from chunkpilot.tuner.measurement import Window
+from chunkpilot.tuner.measurement import Window, class_windows
 from chunkpilot.tuner.guide import Context
 from chunkpilot.tuner.predictor import Load, imbalance_of, prompts_from_buckets
 from chunkpilot.tuner.step_model import StepModel, fit_moments
@@ -35,6 +35,15 @@ def buckets_query(metric: str, selector: str, seconds: float) -> str:
 
 def rate_query(metric: str, selector: str, seconds: float) -> str:
     return f"sum(rate({metric}{{{selector}}}[{_w(seconds)}]))"
+
+
+def by_class_query(metric: str, selector: str, seconds: float) -> str:
+    """A counter's increase over the window, one series per SLO class."""
+    return f"sum by ({m.SLO_CLASS_LABEL}) (increase({metric}{{{selector}}}[{_w(seconds)}]))"
+
+
+def with_class(selector: str, name: str) -> str:
+    return f'{selector},{m.SLO_CLASS_LABEL}="{name}"'
 
 
 def arrivals_by_pod_query(selector: str, seconds: float) -> str:
@@ -120,14 +129,16 @@ class PrometheusSource:
 class PrometheusMeasurer:
     """Measurer for TunerLoop. `wait` sleeps for real (scrapes need real time to happen)."""
 
-    def __init__(self, source: PrometheusSource, slo: SLOTargets, sleep=None, slo_class: str | None = None) -> None:
-        """`slo_class`: with per-request SLO classes, the class whose latencies `slo` is judged on (the others'
-        objectives are their own: a batch class's minute-long TTFTs are no breach of the interactive SLO)."""
+    def __init__(self, source: PrometheusSource, slo: SLOTargets, sleep=None,
+                 classes: SLOClasses | None = None) -> None:
+        """`classes`: with per-request SLO classes, each class is measured against its own SLOs (Window.classes),
+        `slo` on the default class's latencies (a batch class's minute-long TTFTs are no breach of the interactive
+        SLO), and the load the guide and the replicas answer counts the non-sheddable classes' arrivals."""
         import time
 
         self.source = source
         self.slo = slo
-        self.slo_class = slo_class
+        self.classes = classes
         self._sleep = sleep or time.sleep
 
     def check(self) -> None:
@@ -141,7 +152,15 @@ class PrometheusMeasurer:
     def latency_selector(self) -> str:
         """The selector of the latency series the SLO is judged on: with a class, that class's only."""
         sel = self.source.selector
-        return sel if self.slo_class is None else f'{sel},{m.SLO_CLASS_LABEL}="{self.slo_class}"'
+        return sel if self.classes is None else with_class(sel, self.classes.default)
+
+    @property
+    def load_selector(self) -> str:
+        """The selector of the arrivals the guide's load counts: a sheddable class is served with what is left,
+        so it neither makes knobs infeasible nor adds pods."""
+        sel = self.source.selector
+        shed = [] if self.classes is None else [c.name for c in self.classes.classes if c.sheddable]
+        return sel if not shed else f'{sel},{m.SLO_CLASS_LABEL}!~"{"|".join(shed)}"'
 
     def _buckets(self, metric: str, seconds: float) -> dict[float, float]:
         out = {}
@@ -155,7 +174,7 @@ class PrometheusMeasurer:
         sel, src = self.source.selector, self.source
         model = src.step_model(seconds)
         pods = src.scalar(f"count(count_over_time({m.SCHEDULER_GENERATION}{{{sel}}}[{_w(seconds)}]))")
-        arrivals = src.scalar(rate_query(f"{m.TTFT}_count", sel, seconds)) or 0.0
+        arrivals = src.scalar(rate_query(f"{m.TTFT}_count", self.load_selector, seconds)) or 0.0
         mean = _ratio(src.scalar(rate_query(f"{m.REQUEST_PROMPT_TOKENS}_sum", sel, seconds)),
                       src.scalar(rate_query(f"{m.REQUEST_PROMPT_TOKENS}_count", sel, seconds)))
         prompts = prompts_from_buckets(self._buckets(m.REQUEST_PROMPT_TOKENS, seconds), mean or None)
@@ -167,7 +186,7 @@ class PrometheusMeasurer:
         if model is None or not prompts or not pods or arrivals <= 0:
             return None
         pods = int(round(pods))
-        per_pod = [float(r["value"][1]) for r in src.query(arrivals_by_pod_query(sel, seconds))]
+        per_pod = [float(r["value"][1]) for r in src.query(arrivals_by_pod_query(self.load_selector, seconds))]
         return Context(model=model, load=Load(request_rate=arrivals / pods, prompts=prompts, running=running / pods,
                                               drafting=drafting, draft_tokens=draft_tokens,
                                               imbalance=imbalance_of(per_pod, pods)), pods=pods)
@@ -191,11 +210,14 @@ class PrometheusMeasurer:
                              src.scalar(rate_query(f"{m.REQUEST_GENERATION_TOKENS}_count", sel, seconds)))
         # Goodput estimate: Prometheus has no per-request join of TTFT and ITL, so the share of requests within
         # the TTFT SLO times the share of token gaps within the ITL SLO, applied to the completion rate.
+        # With classes the engines count who kept their class's SLOs: exact, no estimate.
+        classes = self._classes(seconds)
         share = 1.0
-        if self.slo.ttft:
+        if self.slo.ttft and not classes:
             share *= fraction_below(self._buckets(m.TTFT, seconds), self.slo.ttft.threshold) or 0.0
-        if self.slo.itl:
+        if self.slo.itl and not classes:
             share *= fraction_below(self._buckets(m.ITL, seconds), self.slo.itl.threshold) or 0.0
+        goodput = sum(c.met for c in classes) / seconds if classes else done_rate * share
         # Prefill capacity of the deployment: the prompt tokens a pod gets through per busy second (computed, plus
         # those found in the prefix cache: demand counts whole prompts too) times the pods that report it over
         # the same window. None when no pod was busy with prompts (or the engines predate the metric).
@@ -206,10 +228,31 @@ class PrometheusMeasurer:
         capacity = through / busy * pods if busy and pods else None
         engines = src.scalar(f"count(count_over_time({m.SCHEDULER_GENERATION}{{{sel}}}[{_w(seconds)}]))")
         return Window(seconds=seconds, requests=int(round(done_rate * seconds)), request_rate=arrivals,
-                      output_tokens_per_s=tokens, goodput=done_rate * share, ttft=ttft, itl=itl,
+                      output_tokens_per_s=tokens, goodput=goodput, ttft=ttft, itl=itl,
                       mean_prompt_tokens=prompt_mean, mean_output_tokens=output_mean,
                       backlog_growth=(queued + running) / seconds, prefill_capacity=capacity,
-                      pods=max(1, int(round(engines or 1))))
+                      pods=max(1, int(round(engines or 1))), classes=classes)
+
+    def _classes(self, seconds: float):
+        """Each class's latencies at its own quantiles, its finished requests and those that kept its SLOs."""
+        if self.classes is None:
+            return ()
+        sel, src = self.source.selector, self.source
+
+        def by_class(metric: str) -> dict[str, float]:
+            return {r["metric"].get(m.SLO_CLASS_LABEL, ""): float(r["value"][1])
+                    for r in src.query(by_class_query(metric, sel, seconds))}
+
+        finished, met = by_class(m.REQUEST_SUCCESS), by_class(m.SLO_MET)
+        measured = {}
+        for c in self.classes.classes:
+            q_ttft = c.slo.ttft.quantile if c.slo.ttft else DEFAULT_QUANTILE
+            q_itl = c.slo.itl.quantile if c.slo.itl else DEFAULT_QUANTILE
+            measured[c.name] = dict(
+                finished=finished.get(c.name, 0.0), met=met.get(c.name, 0.0),
+                ttft=src.scalar(quantile_query(m.TTFT, q_ttft, with_class(sel, c.name), seconds)),
+                itl=src.scalar(quantile_query(m.ITL, q_itl, with_class(sel, c.name), seconds)))
+        return class_windows(self.classes, measured)
 
 
 def _ratio(a: float | None, b: float | None) -> float:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chunkpilot.api.types import (AutoscalingStatus, Condition, ConditionType, KnobsMeasurement, SLOStatus,
-                                  TuningStatus)
+from chunkpilot.api.types import (AutoscalingStatus, ClassSLOStatus, Condition, ConditionType, KnobsMeasurement,
+                                  SLOStatus, TuningStatus)
 from chunkpilot.contract.slo import SLOTargets
 from chunkpilot.tuner.history import HistoryEntry
-from chunkpilot.tuner.measurement import Window, slo_met
+from chunkpilot.tuner.measurement import ClassWindow, Window, slo_met
 from chunkpilot.tuner.space import Knobs
 from chunkpilot.tuner.study import Measured
 
@@ -101,7 +101,28 @@ def status_slo(window: Window | None, slo: SLOTargets) -> SLOStatus | None:
         # goodput over completed requests per second = the share of requests within every SLO
         completed_rate = window.requests / window.seconds
         out.attainment = max(0.0, min(1.0, window.goodput / completed_rate))
+    if window.classes:
+        out.classes = [ClassSLOStatus(name=c.name, ttft_seconds=c.ttft, itl_seconds=c.itl, attainment=c.attainment,
+                                      met=class_met(c)) for c in window.classes]
     return out
+
+
+def class_met(c: ClassWindow) -> bool | None:
+    """A class's latencies within its own thresholds; None when the window saw none of its latencies."""
+    judged = [(t, v) for t, v in ((c.ttft_slo, c.ttft), (c.itl_slo, c.itl)) if t is not None and v is not None]
+    return all(v <= t for t, v in judged) if judged else None
+
+
+def _class_parts(window: Window) -> list[str]:
+    """Each class's measurement for the SLOMet message, the breached non-sheddable ones first."""
+    def part(c: ClassWindow) -> str:
+        got = [f"{what} {v:.3f}s (SLO {t:g}s)" for what, t, v in (("TTFT", c.ttft_slo, c.ttft),
+                                                                   ("ITL", c.itl_slo, c.itl))
+               if t is not None and v is not None]
+        shed = ", sheddable" if c.sheddable else ""
+        kept = "" if c.attainment is None else f", {100 * c.attainment:.0f}% kept"
+        return f"{c.name}{shed}: {', '.join(got) or 'no traffic'}{kept}"
+    return [part(c) for c in sorted(window.classes, key=lambda c: (c.sheddable or class_met(c) is not False))]
 
 
 def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
@@ -117,14 +138,17 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
         return [tuning, *scaling, Condition(type=ConditionType.SLO_MET, status="Unknown", reason="NotMeasured",
                                   message="no window measured yet")]
     ok = slo_met(w, slo)
-    parts = []
-    if slo.ttft is not None and w.ttft is not None:
-        parts.append(f"TTFT p{slo.ttft.quantile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
-    if slo.itl is not None and w.itl is not None:
-        parts.append(f"ITL p{slo.itl.quantile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
+    if w.classes:  # every class, the breached ones first: the one SLOMet answers for all non-sheddable classes
+        message = "; ".join(_class_parts(w))
+    else:
+        parts = []
+        if slo.ttft is not None and w.ttft is not None:
+            parts.append(f"TTFT p{slo.ttft.quantile * 100:g} {w.ttft:.3f}s (SLO {slo.ttft.threshold:g}s)")
+        if slo.itl is not None and w.itl is not None:
+            parts.append(f"ITL p{slo.itl.quantile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
+        message = ", ".join(parts) or "no latency measured"
     return [tuning, *scaling, Condition(type=ConditionType.SLO_MET, status="True" if ok else "False",
-                              reason="WithinSLO" if ok else "SLOBreached",
-                              message=", ".join(parts) or "no latency measured")]
+                              reason="WithinSLO" if ok else "SLOBreached", message=message[:1024])]
 
 
 def _autoscaling_condition(sc: ScalingState) -> Condition:

@@ -308,16 +308,32 @@ class Scheduler:
 
     @staticmethod
     def _order(seq: Sequence) -> tuple:
-        """Prompt order with classes: the class, the TTFT deadline, the shortest remaining prefill, arrival."""
-        return (-seq.priority, seq.ttft_deadline, seq.num_uncomputed, seq.arrival)
+        """Prompt order with classes: those that can still make their TTFT deadline before the relegated ones, then
+        the class, the TTFT deadline, the shortest remaining prefill, arrival."""
+        return (seq.relegated, -seq.priority, seq.ttft_deadline, seq.num_uncomputed, seq.arrival)
+
+    def _relegate(self, candidates: list[Sequence]) -> None:
+        """Relegate the non-sheddable prompts without a first token that cannot make their TTFT deadline even if
+        their whole remaining prompt ran now, alone (the clock's cost of its chunks, no overhead, no decodes: an
+        optimistic time, so a request is relegated only when it will surely miss). Earliest-deadline-first would
+        otherwise serve the hopeless one first and make the ones behind it late too (Niyama's relegation)."""
+        now = self.now()
+        for seq in candidates:
+            c = seq.slo_class
+            if (seq.relegated or seq.output_token_ids or c is None or c.sheddable or c.slo.ttft is None):
+                continue
+            if now + self.clock.chunk_seconds(seq.num_computed_tokens, seq.num_uncomputed) > seq.ttft_deadline:
+                seq.relegated = True
 
     def _prompts_by_class(self, out: SchedulerOutput, scheduled: set[int], budget: int, knobs: SchedulerKnobs,
                           time_left: float | None, admitting: bool) -> None:
         """Steps 2 and 3 with classes: running prompts and waiting ones in one order (_order); first each class's
         share of the step's prompt tokens is kept for it while it has prompt work, then what is left goes in order
         to anyone (work-conserving)."""
-        candidates = sorted([s for s in self.running if s.status is SequenceStatus.RUNNING
-                             and id(s) not in scheduled and not s.is_decoding] + list(self.waiting), key=self._order)
+        candidates = [s for s in self.running if s.status is SequenceStatus.RUNNING
+                      and id(s) not in scheduled and not s.is_decoding] + list(self.waiting)
+        self._relegate(candidates)
+        candidates.sort(key=self._order)
         if not candidates or budget <= 0:
             return
         reserved: dict[str, int] = {}

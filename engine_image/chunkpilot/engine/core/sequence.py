@@ -63,6 +63,9 @@ class Sequence:
     slo_class: SLOClass | None = None
     # when its newest token was appended (the scheduler's clock): with classes, how long a decode has waited
     last_token_time: float | None = None
+    # with classes: predicted to miss its TTFT deadline, so its prompt goes after every prompt that can still make
+    # its own (a late request must not make the ones behind it late too); it counts as a miss
+    relegated: bool = False
 
     @property
     def priority(self) -> int:
