@@ -522,6 +522,7 @@ def test_engine_pods_are_closed_by_default_and_drain_before_they_stop():
     ([{"name": "batch", "priority": 0, "queueLimit": 8}], "queueLimit is for sheddable classes"),
     ([{"name": "a", "share": 0.7}, {"name": "b", "share": 0.6}], "shares add up to 1.3"),
     ([{"name": "bad name"}], "String should match pattern"),
+    ([{"name": "chat-"}], "String should match pattern"),  # SLOMet.<class> is a condition type: ends alphanumeric
 ])
 def test_slo_classes_reach_the_engine_as_the_json_it_parses_and_bad_ones_are_refused(classes, refusal):
     """spec.sloClasses: the CEL rules and the operator's parse agree; an admitted list becomes

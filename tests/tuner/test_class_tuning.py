@@ -107,9 +107,17 @@ def test_status_and_slomet_report_each_class_the_breached_first():
     assert slomet.status == "False" and slomet.reason == "SLOBreached"
     assert slomet.message.startswith("batch: TTFT 150.000s (SLO 120s)"), slomet.message
     assert "spare, sheddable: TTFT 600.000s (SLO 60s), 0% kept" in slomet.message
+    # and one SLOMet.<class> each, a sheddable class's included (reported, not judged)
+    by_type = {c.type: c for c in conditions(state, SPEC_SLO)}
+    assert [(by_type[f"SLOMet.{n}"].status, by_type[f"SLOMet.{n}"].reason) for n in CLASSES.names] == [
+        ("True", "WithinSLO"), ("False", "SLOBreached"), ("False", "SLOBreached")]
+    assert by_type["SLOMet.batch"].message == "batch: TTFT 150.000s (SLO 120s), ITL 1.000s (SLO 5s), 38% kept"
     state.current_window = window(**{**KEPT, "spare": (600.0, None, 2, 0)})
     slomet = next(c for c in conditions(state, SPEC_SLO) if c.type == ConditionType.SLO_MET)
     assert slomet.status == "True" and slomet.message.startswith("interactive: TTFT 1.000s (SLO 3s)")
+    state.current_window = window(interactive=KEPT["interactive"])
+    quiet = {c.type: c for c in conditions(state, SPEC_SLO)}["SLOMet.batch"]
+    assert (quiet.status, quiet.reason, quiet.message) == ("Unknown", "NoTraffic", "batch: no traffic")
 
 
 def test_a_resource_with_classes_is_tuned_for_them_in_its_own_study():

@@ -120,9 +120,22 @@ def test_status_actuator_writes_tuner_knobs_and_keeps_other_conditions(k):
     classes = SLOClasses((SLOClass("chat", 10, SLOTargets.p99(ttft=3.0, itl=0.5)), SLOClass("spare", -1)), "chat")
     w = Window(seconds=60, requests=10, request_rate=0.2, output_tokens_per_s=5.0, goodput=0.15, ttft=1.0,
                itl=0.2, classes=class_windows(classes, {"chat": dict(ttft=1.0, itl=0.2, finished=10, met=9)}))
-    writer.write(slo=status_slo(w, classes.get("chat").slo))
-    assert k.status(ns, "act")["slo"]["classes"] == [
+    from chunkpilot.tuner.state import TunerState, conditions
+
+    state = TunerState(mode="auto", current=start, current_window=w)
+    writer.write(slo=status_slo(w, classes.get("chat").slo), tuner_conditions=conditions(state, classes.get("chat").slo))
+    st = k.status(ns, "act")
+    assert st["slo"]["classes"] == [
         {"name": "chat", "ttftSeconds": 1.0, "itlSeconds": 0.2, "attainment": 0.9, "met": True}, {"name": "spare"}]
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {
+        "Ready": "True", "Tuning": "True", "SLOMet": "True", "SLOMet.chat": "True", "SLOMet.spare": "Unknown"}
+    # a class that is gone takes its condition with it; the operator's stay
+    fewer = SLOClasses((SLOClass("chat", 10, SLOTargets.p99(ttft=3.0, itl=0.5)),), "chat")
+    state.current_window = Window(**{**w.__dict__, "classes": class_windows(fewer, {"chat": dict(ttft=9.0, itl=0.2,
+                                                                                               finished=4, met=1)})})
+    writer.write(tuner_conditions=conditions(state, fewer.get("chat").slo))
+    assert {c["type"]: c["status"] for c in k.status(ns, "act")["conditions"]} == {
+        "Ready": "True", "Tuning": "True", "SLOMet": "False", "SLOMet.chat": "False"}
 
 
 def test_tuner_process_holds_when_prometheus_is_unreachable(k, control_plane, chart_accounts, tmp_path):

@@ -204,7 +204,7 @@ class SLOSpec(_Model):
         return SLOTargets(ttft=target(self.ttft), itl=target(self.itl))
 
 
-SLO_CLASS_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+SLO_CLASS_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
 
 
 class SLOClassSpec(_Model):
@@ -643,10 +643,18 @@ class ConditionType:
     TUNING = "Tuning"
     AUTOSCALING = "Autoscaling"
     SLO_MET = "SLOMet"
+    # with spec.sloClasses, one more per class: SLOMet.<class> (a valid condition type: class names begin and end
+    # with a letter or digit), so `kubectl wait --for=condition=SLOMet.interactive` and alerts see each class
+    CLASS_SLO_MET_PREFIX = SLO_MET + "."
+
+    @staticmethod
+    def slo_met_of(slo_class: str) -> str:
+        return ConditionType.CLASS_SLO_MET_PREFIX + slo_class
 
 
 class Condition(_Model):
-    type: str = Field(..., description="Ready, Progressing, Degraded, Tuning or SLOMet.")
+    type: str = Field(..., description="Ready, Progressing, Degraded, Tuning, Autoscaling, SLOMet, and with "
+                                        "spec.sloClasses SLOMet.<class> for each class.")
     status: Literal["True", "False", "Unknown"] = Field(..., description="Condition status.")
     reason: str = Field("", description="CamelCase reason.")
     message: str = Field("", description="Human-readable detail.")

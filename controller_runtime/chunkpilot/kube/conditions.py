@@ -22,11 +22,14 @@ def dump_condition(cond: Condition) -> dict:
     return cond.model_dump(by_alias=True, exclude_none=True)
 
 
-def merge_conditions(old: list[dict], new: list[Condition], now: str) -> list[dict]:
-    """`old` as read from the resource, with the types in `new` replaced; the result as the API wants it."""
+def merge_conditions(old: list[dict], new: list[Condition], now: str, family: str | None = None) -> list[dict]:
+    """`old` as read from the resource, with the types in `new` replaced; the result as the API wants it. Types
+    beginning with `family` are the writer's whole set of that family: those not in `new` are dropped (the tuner's
+    SLOMet.<class> of a class that no longer exists)."""
     by_type = {c.get("type"): c for c in old or []}
     replaced = {n.type for n in new}
-    out = [c for c in old or [] if c.get("type") not in replaced]
+    out = [c for c in old or [] if c.get("type") not in replaced
+           and not (family and str(c.get("type", "")).startswith(family))]
     for cond in new:
         prev = by_type.get(cond.type)
         same = prev is not None and prev.get("status") == cond.status and prev.get("lastTransitionTime")

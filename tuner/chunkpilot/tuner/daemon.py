@@ -176,7 +176,8 @@ class StatusWriter:
             if tuner_conditions is None:
                 return part
             return {**part, "conditions": merge_conditions((raw.get("status") or {}).get("conditions") or [],
-                                                           tuner_conditions, now_rfc3339())}
+                                                           tuner_conditions, now_rfc3339(),
+                                                           family=ConditionType.CLASS_SLO_MET_PREFIX)}
         self._read_modify_write(patch, "status", attempts)
 
     def write_knobs(self, knobs: Knobs, newer_than: int, attempts: int = 5) -> int:

@@ -113,16 +113,17 @@ def class_met(c: ClassWindow) -> bool | None:
     return all(v <= t for t, v in judged) if judged else None
 
 
+def _class_part(c: ClassWindow) -> str:
+    got = [f"{what} {v:.3f}s (SLO {t:g}s)" for what, t, v in (("TTFT", c.ttft_slo, c.ttft), ("ITL", c.itl_slo, c.itl))
+           if t is not None and v is not None]
+    shed = ", sheddable" if c.sheddable else ""
+    kept = "" if c.attainment is None else f", {100 * c.attainment:.0f}% kept"
+    return f"{c.name}{shed}: {', '.join(got) or 'no traffic'}{kept}"
+
+
 def _class_parts(window: Window) -> list[str]:
     """Each class's measurement for the SLOMet message, the breached non-sheddable ones first."""
-    def part(c: ClassWindow) -> str:
-        got = [f"{what} {v:.3f}s (SLO {t:g}s)" for what, t, v in (("TTFT", c.ttft_slo, c.ttft),
-                                                                   ("ITL", c.itl_slo, c.itl))
-               if t is not None and v is not None]
-        shed = ", sheddable" if c.sheddable else ""
-        kept = "" if c.attainment is None else f", {100 * c.attainment:.0f}% kept"
-        return f"{c.name}{shed}: {', '.join(got) or 'no traffic'}{kept}"
-    return [part(c) for c in sorted(window.classes, key=lambda c: (c.sheddable or class_met(c) is not False))]
+    return [_class_part(c) for c in sorted(window.classes, key=lambda c: (c.sheddable or class_met(c) is not False))]
 
 
 def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
@@ -148,7 +149,17 @@ def conditions(state: TunerState, slo: SLOTargets) -> list[Condition]:
             parts.append(f"ITL p{slo.itl.quantile * 100:g} {w.itl:.3f}s (SLO {slo.itl.threshold:g}s)")
         message = ", ".join(parts) or "no latency measured"
     return [tuning, *scaling, Condition(type=ConditionType.SLO_MET, status="True" if ok else "False",
-                              reason="WithinSLO" if ok else "SLOBreached", message=message[:1024])]
+                              reason="WithinSLO" if ok else "SLOBreached", message=message[:1024]),
+            *(_class_condition(c) for c in w.classes)]
+
+
+def _class_condition(c: ClassWindow) -> Condition:
+    """SLOMet.<class>: this class's own SLOs over the window (a sheddable class's too: reported, not judged)."""
+    met = class_met(c)
+    status, reason = {True: ("True", "WithinSLO"), False: ("False", "SLOBreached"),
+                      None: ("Unknown", "NoTraffic")}[met]
+    return Condition(type=ConditionType.slo_met_of(c.name), status=status, reason=reason,
+                     message=_class_part(c)[:1024])
 
 
 def _autoscaling_condition(sc: ScalingState) -> Condition:
