@@ -142,9 +142,17 @@ def test_a_pod_whose_queue_grows_stops_getting_new_prompts(routed):
     before = [metric(ip, m.REQUEST_SUCCESS) for ip in others]
     client = openai.OpenAI(base_url=r.gateway_url(), api_key="unused", max_retries=0, timeout=120)
 
+    done = threading.Event()
+
     def long_request(i: int) -> None:
-        httpx.post(f"http://{busy}:{b.ENGINE_PORT}/v1/completions", timeout=300, json={
-            "model": "smollm2", "prompt": f"Story {i}: once upon a time", "max_tokens": 200, "ignore_eos": True})
+        """Streams until the prompts were sent, then hangs up (the engine aborts it): waiting for 2,400 tokens on
+        a shared CPU took minutes and proved nothing more."""
+        with httpx.stream("POST", f"http://{busy}:{b.ENGINE_PORT}/v1/completions", timeout=300, json={
+                "model": "smollm2", "prompt": f"Story {i}: once upon a time", "max_tokens": 200, "ignore_eos": True,
+                "stream": True}) as resp:
+            for _ in resp.iter_lines():
+                if done.is_set():
+                    return
     load = [threading.Thread(target=long_request, args=(i,)) for i in range(12)]
     for th in load:
         th.start()
@@ -157,8 +165,9 @@ def test_a_pod_whose_queue_grows_stops_getting_new_prompts(routed):
             assert out.usage.completion_tokens == 2, out
         waiting = metric(busy, m.NUM_WAITING)
     finally:
+        done.set()
         for th in load:
-            th.join()
+            th.join(300)
     got = [metric(ip, m.REQUEST_SUCCESS) - n for ip, n in zip(others, before)]
     assert waiting > 0, "the busy pod's queue emptied before the prompts were sent: the test proves nothing"
     assert sum(got) == len(prompts), (got, r.diagnose())

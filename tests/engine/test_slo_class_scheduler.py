@@ -229,13 +229,31 @@ def test_a_prompt_that_cannot_make_its_deadline_is_relegated_behind_those_that_c
         step(sched, runner)
         order += [s.request_id for s in (late, hopeless, fresh, batch, spare)
                   if s.output_token_ids and s.request_id not in order]
-    assert order == ["fresh", "batch", "spare", "late", "hopeless"], order
+    assert order == ["fresh", "batch", "late", "hopeless", "spare"], order  # sheddable work was promised nothing
     assert late.relegated and hopeless.relegated
     assert not any(s.relegated for s in (fresh, batch, spare))
     run_to_end(sched, runner)
     for s in (late, hopeless, fresh, batch, spare):  # outputs exact, nothing leaked
         assert s.output_token_ids == reference_output(s.prompt_token_ids, s.params.max_tokens, VOCAB)
     assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_a_prompt_whose_prefix_is_cached_is_judged_by_what_is_left_to_compute():
+    now = [100.0]
+    bm = BlockManager(512, 4)
+    sched = Scheduler(SchedulerConfig(8, 2048, (), CLASSES), bm, KnobHolder(SchedulerKnobs(64, 64), min_token_budget=4),
+                      now=lambda: now[0])
+    runner = FakeRunner(512 * 4, 4, VOCAB)
+    train(sched)  # a prompt token costs 1 ms: 1,000 tokens 1 s
+    sched.add(seq("first", range(1, 1001), BATCH, max_tokens=1, arrival_time=99.0))
+    run_to_end(sched, runner)  # its blocks stay in the prefix cache
+    again = seq("again", [*range(1, 1001), 7, 8], CHAT, arrival_time=99.6)  # due at 100.6: 0.6 s for 2 new tokens
+    cold = seq("cold", range(3, 1003), CHAT, arrival_time=99.6)  # the same 0.6 s for 1,000 tokens: a sure miss
+    sched.add(again)
+    sched.add(cold)
+    step(sched, runner)
+    assert not again.relegated and cold.relegated
+    run_to_end(sched, runner)
 
 
 CLASS_LIST = [CHAT, BATCH, SPARE, SLOClass("bulk", 0, SLOTargets(), share=0.3)]

@@ -184,6 +184,12 @@ def test_the_tuner_measures_each_class_on_the_real_prometheus(server, tmp_path):
         time.sleep(2)  # one more scrape after the last change, so the window's edge holds it
         window = PrometheusMeasurer(source, CLASSES.get("interactive").slo, sleep=lambda s: False,
                                     classes=CLASSES).measure(60)
+        # the chart dashboard's per-class attainment panel shows this engine's classes
+        from pathlib import Path
+
+        dash = json.loads((Path(__file__).parents[2] / "helm/chunkpilot/files/dashboard.json").read_text())
+        expr = next(p for p in dash["panels"] if p["title"].startswith("SLO classes (deployments"))["targets"][0]
+        assert {r["metric"][m.SLO_CLASS_LABEL] for r in source.query(expr["expr"])} == set(CLASSES.names)
     finally:
         prom.stop()
     by = {c.name: c for c in window.classes}

@@ -136,6 +136,12 @@ def test_status_actuator_writes_tuner_knobs_and_keeps_other_conditions(k):
     writer.write(tuner_conditions=conditions(state, fewer.get("chat").slo))
     assert {c["type"]: c["status"] for c in k.status(ns, "act")["conditions"]} == {
         "Ready": "True", "Tuning": "True", "SLOMet": "False", "SLOMet.chat": "False"}
+    # a failure's report writes Tuning alone: the classes' conditions stay
+    writer.write(tuner_conditions=[Condition(type="Tuning", status="False", reason="MeasurementsUnavailable")])
+    assert {c["type"] for c in k.status(ns, "act")["conditions"]} == {"Ready", "Tuning", "SLOMet", "SLOMet.chat"}
+    # and without classes any more, status.slo.classes goes
+    writer.write(slo=status_slo(Window(**{**w.__dict__, "classes": ()}), classes.get("chat").slo))
+    assert "classes" not in k.status(ns, "act")["slo"]
 
 
 def test_tuner_process_holds_when_prometheus_is_unreachable(k, control_plane, chart_accounts, tmp_path):

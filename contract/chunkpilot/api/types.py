@@ -805,8 +805,9 @@ class ClassSLOStatus(_Model):
     itl_seconds: float | None = Field(None, alias="itlSeconds", description="Measured ITL at the class's percentile.")
     attainment: float | None = Field(None, ge=0, le=1, description="Fraction of the class's finished requests "
                                                                    "that kept its SLOs.")
-    met: bool | None = Field(None, description="The class's latency SLOs held over the window (none judged: no "
-                                               "traffic). Sheddable classes are reported, never a breach.")
+    met: bool | None = Field(None, description="The class's latency SLOs held over the window (unset: no traffic "
+                                               "to judge). A sheddable class's is reported; it never makes SLOMet "
+                                               "False.")
 
 
 class SLOStatus(_Model):

@@ -97,8 +97,8 @@ MODEL_LABEL = "model_name"
 # request's own gaps, as the load generator judges)
 SLO_CLASS_LABEL = "slo_class"
 SLO_MET = PREFIX + "slo_met_requests_total"
-# finished requests the scheduler relegated: predicted to miss their TTFT deadline, served after every request that
-# could still make its own, counted as misses (never in SLO_MET)
+# finished requests the scheduler relegated: sure to miss their TTFT deadline, served after every request that could
+# still make its own (SLO_MET counts what each actually got)
 RELEGATED = PREFIX + "requests_relegated_total"
 
 ALL_NAMES = (

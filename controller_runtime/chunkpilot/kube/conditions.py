@@ -24,10 +24,12 @@ def dump_condition(cond: Condition) -> dict:
 
 def merge_conditions(old: list[dict], new: list[Condition], now: str, family: str | None = None) -> list[dict]:
     """`old` as read from the resource, with the types in `new` replaced; the result as the API wants it. Types
-    beginning with `family` are the writer's whole set of that family: those not in `new` are dropped (the tuner's
-    SLOMet.<class> of a class that no longer exists)."""
+    beginning with `family` are the writer's whole set of that family: when `new` carries any, those not in `new`
+    are dropped (the tuner's SLOMet.<class> of a class that no longer exists)."""
     by_type = {c.get("type"): c for c in old or []}
     replaced = {n.type for n in new}
+    # the family is replaced as a whole only by a write that carries it (a write of Tuning alone keeps it)
+    family = family if family and any(t.startswith(family) for t in replaced) else None
     out = [c for c in old or [] if c.get("type") not in replaced
            and not (family and str(c.get("type", "")).startswith(family))]
     for cond in new:

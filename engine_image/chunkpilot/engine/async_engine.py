@@ -427,7 +427,7 @@ class AsyncEngine:
             c.finished(out.finish_reason).inc()
             if seq.relegated:
                 c.relegated.inc()
-            elif slo_class is not None and live.first_token is not None and kept(slo_class.slo,
+            if slo_class is not None and live.first_token is not None and kept(slo_class.slo,
                                                                             live.first_token - seq.arrival_time,
                                                                             live.gaps):
                 c.slo_met.inc()

@@ -71,9 +71,9 @@ class EngineMetrics:
         self._slo_met = Counter(_base(SLO_MET), "Finished requests that kept their SLO class's TTFT and ITL "
                                 "thresholds (the ITL at its quantile over the request's own gaps).", classed,
                                 registry=r)
-        self._relegated = Counter(_base(RELEGATED), "Finished requests the scheduler relegated: predicted to miss "
-                                  "their class's TTFT deadline, served after every request that could still make "
-                                  "its own, and counted as misses.", classed, registry=r)
+        self._relegated = Counter(_base(RELEGATED), "Finished requests the scheduler relegated: sure to miss their "
+                                  "class's TTFT deadline, so served after every request that could still make its "
+                                  "own.", classed, registry=r)
         self.tpot = hist(TPOT, "Mean time per output token of each finished request.", ITL_BUCKETS)
         self.queue_time = hist(QUEUE_TIME, "Time a request waited before its first scheduled step.", REQUEST_LATENCY_BUCKETS)
         self.prefill_time = hist(PREFILL_TIME, "Time from first scheduled step to first token.", REQUEST_LATENCY_BUCKETS)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from chunkpilot.contract.knobs import SchedulerKnobs
 from chunkpilot.contract.slo import SLOTargets
@@ -147,7 +147,7 @@ class Fleet:
 
     def window(self, seconds: float, slo: SLOTargets) -> Window:
         w = window_over(self._all_sims(), self.now, seconds, slo)
-        return Window(**{**w.to_dict(), "pods": max(1, self.ready)})
+        return replace(w, pods=max(1, self.ready))
 
     def context(self, seconds: float) -> Context | None:
         pods = max(1, self.ready)

@@ -171,6 +171,8 @@ class StatusWriter:
         """The tuner's report (the knobs go through write_knobs, which owns their generation)."""
         part = {key: dump(model) for key, model in (("tuning", tuning), ("slo", slo), ("autoscaling", autoscaling))
                 if model is not None}
+        if slo is not None and not slo.classes:
+            part["slo"]["classes"] = None  # a merge patch keeps what it leaves out: the classes' report goes too
 
         def patch(raw: dict) -> dict:
             if tuner_conditions is None:

@@ -95,7 +95,8 @@ def objective_value(w: Window, objective: str) -> float:
             # class-weighted: the weighted share of finished requests that kept their class's SLOs, times the
             # share of the load finished (a window that falls behind scores less, as without classes)
             weighted = sum(c.weight * c.finished for c in w.classes)
-            kept_share = sum(c.weight * c.met for c in w.classes) / weighted if weighted > 0 else 0.0
+            # met and finished are separate increase()s over the window: a share, never above 1
+            kept_share = min(1.0, sum(c.weight * c.met for c in w.classes) / weighted) if weighted > 0 else 0.0
             done = w.requests / w.seconds if w.seconds > 0 else 0.0
             return kept_share * done / served if served > 0 else 0.0
         return w.goodput / served if served > 0 else 0.0

@@ -158,9 +158,8 @@ class PrometheusMeasurer:
     def load_selector(self) -> str:
         """The selector of the arrivals the guide's load counts: a sheddable class is served with what is left,
         so it neither makes knobs infeasible nor adds pods."""
-        sel = self.source.selector
         shed = [] if self.classes is None else [c.name for c in self.classes.classes if c.sheddable]
-        return sel if not shed else f'{sel},{m.SLO_CLASS_LABEL}!~"{"|".join(shed)}"'
+        return ",".join([self.source.selector, *(f'{m.SLO_CLASS_LABEL}!="{name}"' for name in shed)])
 
     def _buckets(self, metric: str, seconds: float) -> dict[float, float]:
         out = {}

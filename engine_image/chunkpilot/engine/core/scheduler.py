@@ -308,9 +308,11 @@ class Scheduler:
 
     @staticmethod
     def _order(seq: Sequence) -> tuple:
-        """Prompt order with classes: those that can still make their TTFT deadline before the relegated ones, then
-        the class, the TTFT deadline, the shortest remaining prefill, arrival."""
-        return (seq.relegated, -seq.priority, seq.ttft_deadline, seq.num_uncomputed, seq.arrival)
+        """Prompt order with classes: the prompts that can still make their TTFT deadline, then the relegated ones,
+        then the sheddable classes (so a relegated request is not starved by work that was never promised
+        anything); within each, the class, the TTFT deadline, the shortest remaining prefill, arrival."""
+        group = 2 if seq.priority < 0 else int(seq.relegated)
+        return (group, -seq.priority, seq.ttft_deadline, seq.num_uncomputed, seq.arrival)
 
     def _relegate(self, candidates: list[Sequence]) -> None:
         """Relegate the non-sheddable prompts without a first token that cannot make their TTFT deadline even if
@@ -322,8 +324,16 @@ class Scheduler:
             c = seq.slo_class
             if (seq.relegated or seq.output_token_ids or c is None or c.sheddable or c.slo.ttft is None):
                 continue
-            if now + self.clock.chunk_seconds(seq.num_computed_tokens, seq.num_uncomputed) > seq.ttft_deadline:
-                seq.relegated = True
+            if now + self.clock.chunk_seconds(seq.num_computed_tokens, seq.num_uncomputed) <= seq.ttft_deadline:
+                continue
+            if now < seq.ttft_deadline and not seq.block_table:
+                # a waiting prompt has computed nothing yet, but its prefix may be cached: only what is not counts
+                # (looked up only here, for the few near their deadline: hashing every prompt each step would cost)
+                cached = len(self.block_manager.match_prefix(seq.token_ids, seq.cache_salt))
+                start = cached * self.block_manager.block_size
+                if now + self.clock.chunk_seconds(start, len(seq) - start) <= seq.ttft_deadline:
+                    continue
+            seq.relegated = True
 
     def _prompts_by_class(self, out: SchedulerOutput, scheduled: set[int], budget: int, knobs: SchedulerKnobs,
                           time_left: float | None, admitting: bool) -> None:
