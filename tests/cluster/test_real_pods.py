@@ -694,8 +694,9 @@ def failing_engine(stack, name: str, model_dir: str, what: str, timing: str) -> 
     assert ready["status"] == "False" and ready["message"].startswith(f"0/1 engine pods ready: pod {name}-")
     assert "container engine" in ready["message"]
     assert degraded["status"] == "True" and degraded["message"] in ready["message"]
-    assert any(t == "Warning" and r == "EngineFailing" and what in m
-               for t, r, m in stack.k.events(NS, name)), stack.k.events(NS, name)
+    # the operator posts its Event after it wrote the status: the status may be read first
+    poll(lambda: any(t == "Warning" and r == "EngineFailing" and what in m for t, r, m in stack.k.events(NS, name)),
+         30, "the EngineFailing Event", lambda: "\n".join(map(str, stack.k.events(NS, name))))
     return ready, degraded
 
 
