@@ -178,10 +178,12 @@ def test_the_tuner_measures_each_class_on_the_real_prometheus(server, tmp_path):
         for _ in range(3):
             complete(server, service_tier="batch")
         complete(server)  # interactive
-        scraped = f'sum({m.SLO_MET}{{job="chunkpilot",slo_class="batch"}})'
-        done = server.metrics()[m.SLO_MET + str([(m.SLO_CLASS_LABEL, "batch")])]
-        assert wait_for(lambda: (source.scalar(scraped) or 0) >= done, 30)
-        time.sleep(2)  # one more scrape after the last change, so the window's edge holds it
+        # until Prometheus scraped every class's last count (the interactive request was the last change)
+        got = server.metrics()
+        for cls in ("batch", "interactive"):
+            scraped = f'sum({m.SLO_MET}{{job="chunkpilot",slo_class="{cls}"}})'
+            done = got[m.SLO_MET + str([(m.SLO_CLASS_LABEL, cls)])]
+            assert wait_for(lambda: (source.scalar(scraped) or 0) >= done, 30), cls
         window = PrometheusMeasurer(source, CLASSES.get("interactive").slo, sleep=lambda s: False,
                                     classes=CLASSES).measure(60)
         # the chart dashboard's per-class attainment panel shows this engine's classes
