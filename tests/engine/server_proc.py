@@ -30,7 +30,11 @@ class EngineServer:
 
     def wait_ready(self, timeout: float = 120) -> "EngineServer":
         self._log.flush()
-        wait_http_ready(self.proc, self.url + "/ready", "server", self.log_path, timeout)
+        try:
+            wait_http_ready(self.proc, self.url + "/ready", "server", self.log_path, timeout)
+        except BaseException:  # a fixture that fails here never reaches its stop(): the engine must not outlive it
+            self.stop(sig=signal.SIGKILL, timeout=10)
+            raise
         return self
 
     def log(self) -> str:
