@@ -86,8 +86,64 @@ def test_the_tightest_running_itl_cuts_the_steps_prompt_chunks_and_a_loose_one_d
     expected = int((ITL_SHARE * 0.1 - NOISE_MARGIN * sched.clock.noise() - 0.01 - 0.002) / 0.001 + 1e-9)
     assert out.num_decodes == 1 and out.num_prefill_tokens == expected, (out.num_prefill_tokens, expected)
     sched.abort("chat")
-    out = step(sched, runner)  # only batch runs: its ITL (2 s) allows the whole budget
-    assert out.num_prefill_tokens == min(512, 399 - expected)
+    out = step(sched, runner)  # only batch runs: its ITL (2 s) allows more, a third of chat's 1-s TTFT does not
+    arrival = int((1.0 / 3 - NOISE_MARGIN * sched.clock.noise() - 0.01) / 0.001 + 1e-9)
+    assert out.num_prefill_tokens == min(512, 399 - expected, arrival) == arrival
+
+
+def test_without_a_tight_decode_a_step_still_ends_within_a_third_of_the_tightest_ttft():
+    """A chat request arriving mid-step waits for the step's end: with no decode to protect, a batch prompt's
+    chunk is still cut to a third of the tightest non-sheddable TTFT (chat's 1 s), and without such a class not
+    at all."""
+    for classes, cap in ((CLASSES, 1.0 / 3), (SLOClasses((BATCH, SPARE), "batch"), 60.0 / 3),
+                         (SLOClasses((SLOClass("a", 1, SLOTargets.p99(itl=2.0)), BATCH), "a"), 60.0 / 3),
+                         (SLOClasses((SLOClass("a", 1, SLOTargets()), SPARE), "a"), None)):
+        sched, _, _, runner = make(classes, budget=512, max_chunk=512, max_num_seqs=8, num_blocks=512,
+                                   max_model_len=2048)
+        train(sched)
+        assert sched.arrival_step == cap
+        sched.add(seq("long", range(1, 1000), classes.classes[0]))
+        out = step(sched, runner)
+        want = 512 if cap is None else min(512, int((cap - 0.01) / 0.001 + 1e-9))
+        assert out.num_prefill_tokens == want, (classes.names, out.num_prefill_tokens, want)
+
+
+def test_loose_decodes_wait_a_step_while_a_higher_classs_prompt_needs_the_time():
+    """Chat decoding caps the step at 0.08 s; ten batch decodes would take 0.02 s of it and hold chat's next
+    prompt to 48 tokens a step. They skip steps instead (their 2-s ITL allows it) until that prompt has its first
+    token; one whose ITL slack runs out runs whatever the prompt needs. Without a chat prompt waiting they run."""
+    now = [0.0]
+    bm = BlockManager(512, 4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(16, 2048, (), CLASSES), bm,
+                      KnobHolder(SchedulerKnobs(512, 512), min_token_budget=4), now=lambda: now[0])
+    runner = FakeRunner(512 * 4, 4, VOCAB)
+    train(sched)  # overhead 10 ms, a prompt token 1 ms, a decode 2 ms
+    batch = [seq(f"b{i}", range(10 + i, 14 + i), BATCH, max_tokens=200) for i in range(10)]
+    chat = seq("chat", range(1, 4), CHAT, max_tokens=200)
+    for s in (*batch, chat):
+        sched.add(s)
+    while not all(s.output_token_ids for s in (*batch, chat)):
+        step(sched, runner)
+    out = step(sched, runner)  # nothing waits: every decode runs
+    assert out.num_decodes == 11 and out.num_prefill_tokens == 0
+    prompt = seq("chat-2", range(100, 400), CHAT, arrival_time=now[0])  # 300 tokens
+    sched.add(prompt)
+    out = step(sched, runner)
+    ran = {c.seq.request_id for c in out.chunks[:out.num_decodes]}
+    assert ran == {"chat"}, ran  # the batch decodes gave their time to chat's prompt
+    assert out.num_prefill_tokens == int((ITL_SHARE * 0.1 - NOISE_MARGIN * sched.clock.noise() - 0.012) / 0.001
+                                         + 1e-9)
+    now[0] += ITL_SHARE * 2.0  # the batch decodes' ITL slack is gone: they run, and the prompt gets the rest
+    out = step(sched, runner)
+    assert out.num_decodes == 11
+    while not prompt.output_token_ids:
+        step(sched, runner)
+    out = step(sched, runner)
+    assert out.num_decodes == 12  # chat-2's prompt done: everyone runs again
+    run_to_end(sched, runner)
+    for s in (*batch, chat, prompt):
+        assert s.output_token_ids == reference_output(s.prompt_token_ids, s.params.max_tokens, VOCAB)
+    assert bm.num_free_blocks == bm.num_blocks
 
 
 def test_before_the_clock_knows_a_step_with_a_tight_decode_carries_few_prompt_tokens():
@@ -209,8 +265,9 @@ def test_a_lower_class_never_preempts_a_higher_one_for_kv():
 
 def test_a_prompt_that_cannot_make_its_deadline_is_relegated_behind_those_that_can():
     """Earliest deadline first would serve the hopeless request first and make the ones behind it late too: a
-    prompt that cannot make its TTFT deadline even if it ran now, alone, goes after every one that still can, of any
-    class, and is relegated for good; a sheddable one never is (it has no deadline to protect)."""
+    prompt that cannot make its TTFT deadline even if it ran now, alone, goes after every one of its class that
+    still can, and is relegated for good, but before the classes below (behind every batch prompt, a relegated
+    interactive one waited 116 s); a sheddable one never is (it has no deadline to protect)."""
     now = [100.0]
     bm = BlockManager(512, 4, enable_prefix_caching=False)
     sched = Scheduler(SchedulerConfig(8, 2048, (), CLASSES), bm, KnobHolder(SchedulerKnobs(8, 8), min_token_budget=4),
@@ -229,7 +286,7 @@ def test_a_prompt_that_cannot_make_its_deadline_is_relegated_behind_those_that_c
         step(sched, runner)
         order += [s.request_id for s in (late, hopeless, fresh, batch, spare)
                   if s.output_token_ids and s.request_id not in order]
-    assert order == ["fresh", "batch", "late", "hopeless", "spare"], order  # sheddable work was promised nothing
+    assert order == ["fresh", "late", "hopeless", "batch", "spare"], order  # sheddable work was promised nothing
     assert late.relegated and hopeless.relegated
     assert not any(s.relegated for s in (fresh, batch, spare))
     run_to_end(sched, runner)

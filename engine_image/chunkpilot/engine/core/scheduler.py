@@ -61,6 +61,11 @@ NOISE_MARGIN = 2.0
 # carries at most this many prompt tokens: small enough for any ITL a CPU keeps (about 0.12 s with SmolLM2), and
 # prompt steps of some size for the fit. Without it the first seconds of a run missed (a 512-token chunk: 0.9 s).
 COLD_PROMPT_TOKENS = 64
+# With SLO classes, no step takes longer than this share of the tightest TTFT threshold among the non-sheddable
+# classes, even with no decode to protect: a request arriving mid-step waits for the step's end, and a 512-token
+# chunk deep in a batch prompt took 1.3-1.7 s on the 2-core CPU, half of a 3-s TTFT gone before it was seen (one
+# such request missed by 0.2 s). Two shorter steps cost one more step's overhead (~0.05 s here).
+ARRIVAL_SHARE = 1 / 3
 
 
 @dataclass
@@ -132,6 +137,9 @@ class Scheduler:
         self.num_preemptions = 0
         classes = config.classes
         self.by_class = classes is not None and not classes.is_implicit
+        ttfts = [c.slo.ttft.threshold for c in classes.classes if not c.sheddable and c.slo.ttft is not None] \
+            if self.by_class else []
+        self.arrival_step = ARRIVAL_SHARE * min(ttfts) if ttfts else None  # seconds; None: no cap
         self.clock = StepClock()  # fed by the step loop (observe); read only with classes
 
     # ---- requests ---------------------------------------------------------------------------------------
@@ -188,7 +196,7 @@ class Scheduler:
         made_room = len(out.preempted)  # preempted for a higher class's admission, not for want of KV
         # 1. One token for every running decode, oldest first (with classes, the higher classes first); free blocks
         #    by preempting the newest (with classes, of the lowest class, never a higher one).
-        decoding = self._decodes_this_step() if self.by_class else list(self.running)
+        decoding = self._decodes_this_step(self._prompt_candidates(set()), knobs) if self.by_class else list(self.running)
         for seq in decoding:
             if seq.status is not SequenceStatus.RUNNING or not seq.is_decoding:
                 continue
@@ -205,6 +213,12 @@ class Scheduler:
         decodes = list(out.chunks)
         if self.by_class:
             time_left = self._prompt_time(decodes)
+            if self.arrival_step is not None and self.clock.coefficients() is not None:
+                base = self.clock.base_seconds(len(decodes), sum(kv_kilotokens(c.start, c.num_tokens)
+                                                                 for c in decodes))
+                # decodes are never cut for it: whatever they take, prompts keep at least half the cap
+                arrival = max(self.arrival_step - base - NOISE_MARGIN * self.clock.noise(), self.arrival_step / 2)
+                time_left = arrival if time_left is None else min(time_left, arrival)
             if time_left is not None and self.clock.coefficients() is None:  # a deadline, no clock yet
                 budget, time_left = min(budget, COLD_PROMPT_TOKENS), None
             self._prompts_by_class(out, scheduled, budget, knobs, time_left,
@@ -257,11 +271,14 @@ class Scheduler:
         kv = sum(kv_kilotokens(c.start, c.num_tokens) for c in sched.chunks)
         self.clock.add(sched.num_prefill_tokens + sched.num_draft_tokens, sched.num_decodes, kv, seconds)
 
-    def _decodes_this_step(self) -> list[Sequence]:
+    def _decodes_this_step(self, prompts: list[Sequence], knobs: SchedulerKnobs) -> list[Sequence]:
         """With classes, the running decodes this step carries, higher classes first: all of them while their
-        step fits the tightest ITL; else the tightest class's and every decode that cannot wait another step, then
-        the others least slack first while the step still fits (a batch decode with seconds of ITL slack skips a
-        few steps rather than make every interactive gap long)."""
+        step fits the tightest ITL with room for the prompt work of classes above theirs (`prompts`: the prompt
+        candidates, relegated ones marked); else the tightest class's and every decode that cannot wait another
+        step, then the others least slack first while the step still fits with that room. A batch decode with
+        seconds of ITL slack skips a few steps rather than make every interactive gap long, or hold an interactive
+        prompt to a few dozen tokens a step (13 decodes took 0.2 s of a 0.33-s step on the 2-core CPU; the
+        interactive prompts behind them queued past their TTFT)."""
         decoding = sorted((s for s in self.running if s.status is SequenceStatus.RUNNING and s.is_decoding),
                           key=lambda q: -q.priority)
         itls = [(s, s.slo_class.slo.itl.threshold) for s in decoding
@@ -270,7 +287,12 @@ class Scheduler:
             return decoding
         step = self._step_limit(min(t for _, t in itls))  # the longest step the tightest decode allows
         kv = {id(s): kv_kilotokens(s.num_computed_tokens, 1) for s in decoding}
-        if self.clock.base_seconds(len(decoding), sum(kv.values())) <= step:
+
+        def base(seqs: list[Sequence]) -> float:
+            return self.clock.base_seconds(len(seqs), sum(kv[id(x)] for x in seqs))
+
+        room = self._prompt_room(prompts, {s.priority for s in decoding}, knobs)
+        if base(decoding) + room[min(s.priority for s in decoding)] <= step:
             return decoding
         now = self.now()
 
@@ -284,10 +306,34 @@ class Scheduler:
         must = [s for s in decoding if slack(s) < 2 * step]  # the tightest class is always here
         chosen, ids = list(must), {id(s) for s in must}
         for s in sorted((s for s in decoding if id(s) not in ids), key=slack):
-            if self.clock.base_seconds(len(chosen) + 1, sum(kv[id(x)] for x in chosen) + kv[id(s)]) > step:
-                break
-            chosen.append(s)
+            if base([*chosen, s]) + room[s.priority] <= step:
+                chosen.append(s)
         return sorted(chosen, key=lambda q: -q.priority)
+
+    def _prompt_candidates(self, scheduled: set[int]) -> list[Sequence]:
+        """The prompts that may get a chunk this step (running ones not yet scheduled, then the waiting), with the
+        hopeless ones relegated."""
+        candidates = [s for s in self.running if s.status is SequenceStatus.RUNNING
+                      and id(s) not in scheduled and not s.is_decoding] + list(self.waiting)
+        self._relegate(candidates)
+        return candidates
+
+    def _prompt_room(self, prompts: list[Sequence], priorities: set[int], knobs: SchedulerKnobs
+                     ) -> dict[int, float]:
+        """For each decode priority, the seconds a step should keep for the prompt work of the classes above it
+        that can still make their TTFT: one chunk each (max_chunk), at most the token budget in all."""
+        room = {}
+        for p in priorities:
+            tokens, seconds = knobs.token_budget, 0.0
+            for seq in sorted((q for q in prompts if q.priority > p and not q.relegated
+                               and math.isfinite(q.ttft_deadline)), key=self._order):
+                n = min(seq.num_uncomputed, knobs.max_chunk, tokens)
+                if n <= 0:
+                    break
+                seconds += self.clock.chunk_seconds(seq.num_computed_tokens, n)
+                tokens -= n
+            room[p] = seconds
+        return room
 
     def _prompt_time(self, decodes: list[ScheduledChunk]) -> float | None:
         """Seconds this step may spend on prompt chunks so it ends within ITL_SHARE of the tightest ITL threshold
@@ -308,11 +354,12 @@ class Scheduler:
 
     @staticmethod
     def _order(seq: Sequence) -> tuple:
-        """Prompt order with classes: the prompts that can still make their TTFT deadline, then the relegated ones,
-        then the sheddable classes (so a relegated request is not starved by work that was never promised
-        anything); within each, the class, the TTFT deadline, the shortest remaining prefill, arrival."""
-        group = 2 if seq.priority < 0 else int(seq.relegated)
-        return (group, -seq.priority, seq.ttft_deadline, seq.num_uncomputed, seq.arrival)
+        """Prompt order with classes: by class, the sheddable ones last; within a class, the prompts that can still
+        make their TTFT deadline, then the relegated ones (a late request must not make the ones behind it late
+        too); then the TTFT deadline, the shortest remaining prefill, arrival. A relegated request still goes
+        before the classes below its own: behind every batch prompt, an interactive one relegated at 1.2 req/s
+        waited 116 s for its first token."""
+        return (-seq.priority, int(seq.relegated), seq.ttft_deadline, seq.num_uncomputed, seq.arrival)
 
     def _relegate(self, candidates: list[Sequence]) -> None:
         """Relegate the non-sheddable prompts without a first token that cannot make their TTFT deadline even if
@@ -340,9 +387,7 @@ class Scheduler:
         """Steps 2 and 3 with classes: running prompts and waiting ones in one order (_order); first each class's
         share of the step's prompt tokens is kept for it while it has prompt work, then what is left goes in order
         to anyone (work-conserving)."""
-        candidates = [s for s in self.running if s.status is SequenceStatus.RUNNING
-                      and id(s) not in scheduled and not s.is_decoding] + list(self.waiting)
-        self._relegate(candidates)
+        candidates = self._prompt_candidates(scheduled)
         candidates.sort(key=self._order)
         if not candidates or budget <= 0:
             return
