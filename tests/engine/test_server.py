@@ -84,6 +84,17 @@ def test_streams_with_usage(client, offline):
                                        stream=True)
     parts = [c.choices[0] for c in stream]
     assert "".join(p.text for p in parts) == ref.text and parts[-1].finish_reason == "length"
+    # vLLM's continuous_usage_stats: every chunk carries the tokens so far. Each of these characters is three byte
+    # tokens, sent with the chunk that completes it: the counts tell a client how many tokens a chunk stands for
+    ref = greedy(offline, "精精精精精精", 12)
+    chunks = list(client.completions.create(model="smollm2", prompt="精精精精精精", max_tokens=12, temperature=0,
+                                            extra_body={"ignore_eos": True}, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    text = [c for c in chunks if c.choices and c.choices[0].text]
+    assert "".join(c.choices[0].text for c in text) == ref.text
+    counts = [c.usage.completion_tokens for c in text]
+    assert counts == sorted(counts) and counts[-1] == len(ref.token_ids) == 12 and len(counts) < 12, counts
+    assert chunks[-1].usage.completion_tokens == 12
 
 
 def test_async_client_and_logprobs(server, offline):

@@ -25,6 +25,22 @@ def rec(kind, start, first, gaps, tokens=None):
                          end=times[-1], output_tokens=tokens or len(times))
 
 
+def test_a_chunk_that_stands_for_several_tokens_splits_its_gap_over_them():
+    """The server's running usage says chunk 2 carried three tokens (two without text of their own): its 0.9-s gap
+    is three 0.3-s steps, not one 0.9-s gap; without counts (a server that sends none), one token a chunk."""
+    r = RequestRecord(kind="chat", prompt_tokens=10, start=0.0, first_token=0.5, token_times=[0.5, 0.8, 1.7, 2.0],
+                      token_counts=[1, 2, 5, 6], end=2.0, output_tokens=6)
+    assert r.itls == pytest.approx([0.3, 0.3, 0.3, 0.3, 0.3])
+    assert [t for t, _ in r.timed_itls()] == [0.8, 1.7, 1.7, 1.7, 2.0]
+    assert kept_itl(r, 0.35) and not kept_itl(RequestRecord(**{**r.__dict__, "token_counts": []}), 0.35)
+
+
+def kept_itl(r: RequestRecord, itl: float) -> bool:
+    from chunkpilot.contract.slo import kept
+
+    return kept(SLOTargets.p99(itl=itl), r.ttft, r.itls)
+
+
 def test_statistics_on_a_hand_built_trace():
     records = [
         rec("chat", 0.0, 0.1, [0.05, 0.05, 0.05]),  # ttft 0.1, itl 0.05, e2e 0.25

@@ -15,7 +15,9 @@ from chunkpilot.loadgen.workloads import RequestSpec
 async def send(client: httpx.AsyncClient, base_url: str, model: str, spec: RequestSpec,
                api_key: str | None = None) -> RequestRecord:
     body = {"model": model, "prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream": True,
+            # every chunk's usage: how many tokens a chunk stands for (stats.RequestRecord.timed_itls)
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     if spec.slo_class:
         headers[CLASS_HEADERS[0]] = spec.slo_class
@@ -41,6 +43,8 @@ async def send(client: httpx.AsyncClient, base_url: str, model: str, spec: Reque
                         if rec.first_token is None:
                             rec.first_token = now
                         rec.token_times.append(now)
+                        if chunk.get("usage"):
+                            rec.token_counts.append(chunk["usage"]["completion_tokens"])
             rec.end = time.monotonic()
             if rec.first_token is None:
                 rec.first_token = rec.end  # every token was held back (e.g. a stop string): counts at the end

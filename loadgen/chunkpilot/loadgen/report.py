@@ -48,8 +48,8 @@ def plot(result: BenchmarkResult, path: str | Path) -> None:
     a.legend()
     t0 = min((r.start for r in result.records), default=0.0)
     for kind in sorted({r.kind for r in done}):
-        xs = [t - t0 for r in done if r.kind == kind for t in r.token_times[1:]]
-        ys = [g * 1000 for r in done if r.kind == kind for g in r.itls]
+        xs = [t - t0 for r in done if r.kind == kind for t, _ in r.timed_itls()]
+        ys = [g * 1000 for r in done if r.kind == kind for _, g in r.timed_itls()]
         b.scatter(xs, ys, s=3, label=kind)
     b.set(xlabel="time in run (s)", ylabel="inter-token gap (ms)", title="inter-token latency over time")
     b.legend()

@@ -47,6 +47,10 @@ _TEMPLATE = "the model's own chat template, applied as is"
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk carries the usage so far, so a client can tell how many tokens a
+    # chunk stands for (tokens without text, such as the bytes of one character, wait for the next chunk that has
+    # text) and time each token, not each chunk
+    continuous_usage_stats: bool = False
 
 
 class _Common(BaseModel):

@@ -31,6 +31,12 @@ def _usage(out: RequestOutput, details: bool) -> dict:
     return usage
 
 
+def _usage_options(body: CompletionRequest | ChatCompletionRequest) -> tuple[bool, bool]:
+    """(the last chunk carries the usage, every chunk does: vLLM's continuous_usage_stats, with include_usage)."""
+    o = body.stream_options
+    return bool(o and o.include_usage), bool(o and o.include_usage and o.continuous_usage_stats)
+
+
 def _finish(out: RequestOutput) -> str | None:
     return {"stop": "stop", "length": "length", "abort": "abort"}.get(out.finish_reason) if out.finished else None
 
@@ -77,7 +83,7 @@ async def completion_full(stream, rid: str, model: str, tok: Tokenizer, details:
 
 async def completion_chunks(stream, rid: str, model: str, body: CompletionRequest, tok: Tokenizer,
                             details: bool = True):
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    include_usage, continuous = _usage_options(body)
     created, last, offset = int(time.time()), None, 0
     async for out in _outputs(stream):
         last = out
@@ -88,7 +94,7 @@ async def completion_chunks(stream, rid: str, model: str, body: CompletionReques
         chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
                  "choices": [{"index": 0, "text": out.new_text, "logprobs": lp, "finish_reason": _finish(out)}]}
         if include_usage:
-            chunk["usage"] = None
+            chunk["usage"] = _usage(out, details) if continuous else None
         yield chunk
     if include_usage and last is not None:
         yield {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
@@ -105,14 +111,14 @@ async def chat_full(stream, rid: str, model: str, tok: Tokenizer, details: bool 
 
 async def chat_chunks(stream, rid: str, model: str, body: ChatCompletionRequest, tok: Tokenizer,
                       details: bool = True):
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    include_usage, continuous = _usage_options(body)
     created, last = int(time.time()), None
 
-    def chunk(delta: dict, finish=None, logprobs=None) -> dict:
+    def chunk(delta: dict, finish=None, logprobs=None, out: RequestOutput | None = None) -> dict:
         c = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
              "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         if include_usage:
-            c["usage"] = None
+            c["usage"] = _usage(out, details) if continuous and out is not None else None
         return c
 
     yield chunk({"role": "assistant", "content": ""})
@@ -121,7 +127,7 @@ async def chat_chunks(stream, rid: str, model: str, body: ChatCompletionRequest,
         if not out.new_text and not out.finished and not out.new_logprobs:
             continue
         lp = _chat_logprobs(out.new_logprobs, tok) if out.new_logprobs else None
-        yield chunk({"content": out.new_text} if out.new_text else {}, _finish(out), lp)
+        yield chunk({"content": out.new_text} if out.new_text else {}, _finish(out), lp, out)
     if include_usage and last is not None:
         yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
                "usage": _usage(last, details)}
