@@ -60,6 +60,28 @@ def test_one_class_is_the_first_come_first_served_scheduler():
     assert not sched.by_class
 
 
+def test_a_decode_without_an_itl_does_not_give_way_to_prompts():
+    """A class with a TTFT and no ITL has no slack that runs out: were its decodes to wait while a higher class's
+    prompts need the time, they would wait for as long as such prompts keep coming. They run while the step fits."""
+    bulk = SLOClass("bulk", 0, SLOTargets.p99(ttft=60.0))
+    bm = BlockManager(512, 4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(16, 2048, (), SLOClasses((CHAT, bulk), "chat")), bm,
+                      KnobHolder(SchedulerKnobs(512, 512), min_token_budget=4), now=lambda: 0.0)
+    runner = FakeRunner(512 * 4, 4, VOCAB)
+    train(sched)
+    ten = [seq(f"bulk{i}", range(10 + i, 14 + i), bulk, max_tokens=100) for i in range(10)]
+    for s in (*ten, seq("chat", range(1, 4), CHAT, max_tokens=100)):
+        sched.add(s)
+    while not all(s.output_token_ids for s in ten):
+        step(sched, runner)
+    prompt = seq("chat-2", range(100, 400), CHAT)  # due at 1.0 on this clock: it can make it, it is not relegated
+    sched.add(prompt)
+    out = step(sched, runner)
+    assert not prompt.relegated and out.num_decodes == 11 and out.num_prefill_tokens > 0
+    run_to_end(sched, runner)
+    assert bm.num_free_blocks == bm.num_blocks
+
+
 def test_a_higher_class_prompt_goes_first_then_the_earliest_deadline_then_the_shortest():
     sched, _, _, runner = make(budget=8, max_chunk=8, max_num_seqs=8)
     sched.add(seq("b-long", range(1, 30), BATCH, arrival_time=0.0))
@@ -73,7 +95,7 @@ def test_a_higher_class_prompt_goes_first_then_the_earliest_deadline_then_the_sh
     run_to_end(sched, runner)
 
 
-def test_the_tightest_running_itl_cuts_the_steps_prompt_chunks_and_a_loose_one_does_not():
+def test_the_tightest_running_itl_cuts_the_steps_prompt_chunks_and_then_the_arrival_cap_does():
     sched, _, _, runner = make(budget=512, max_chunk=512, max_num_seqs=8, num_blocks=512)
     train(sched)
     sched.add(seq("chat", range(1, 4), CHAT, max_tokens=50))
@@ -86,7 +108,7 @@ def test_the_tightest_running_itl_cuts_the_steps_prompt_chunks_and_a_loose_one_d
     expected = int((ITL_SHARE * 0.1 - NOISE_MARGIN * sched.clock.noise() - 0.01 - 0.002) / 0.001 + 1e-9)
     assert out.num_decodes == 1 and out.num_prefill_tokens == expected, (out.num_prefill_tokens, expected)
     sched.abort("chat")
-    out = step(sched, runner)  # only batch runs: its ITL (2 s) allows more, a third of chat's 1-s TTFT does not
+    out = step(sched, runner)  # no decode runs: the cap is a third of chat's 1-s TTFT
     arrival = int((1.0 / 3 - NOISE_MARGIN * sched.clock.noise() - 0.01) / 0.001 + 1e-9)
     assert out.num_prefill_tokens == min(512, 399 - expected, arrival) == arrival
 
@@ -106,6 +128,18 @@ def test_without_a_tight_decode_a_step_still_ends_within_a_third_of_the_tightest
         out = step(sched, runner)
         want = 512 if cap is None else min(512, int((cap - 0.01) / 0.001 + 1e-9))
         assert out.num_prefill_tokens == want, (classes.names, out.num_prefill_tokens, want)
+    # decodes that take more than the cap leave the prompts half of it: sixty batch decodes at 5 ms (0.31 s with
+    # the overhead) beside a third of a 1-s TTFT
+    sched, _, _, runner = make(CLASSES, budget=512, max_chunk=512, max_num_seqs=80, num_blocks=1024,
+                               max_model_len=2048)
+    train(sched, per_decode=0.005)
+    for i in range(60):
+        sched.add(seq(f"b{i}", range(1 + i, 3 + i), BATCH, max_tokens=50))
+    while sched.waiting or any(not s.is_decoding for s in sched.running):
+        step(sched, runner)
+    sched.add(seq("long", range(1, 1000), BATCH))
+    out = step(sched, runner)
+    assert out.num_decodes == 60 and out.num_prefill_tokens == int((1.0 / 3 / 2) / 0.001 + 1e-9)
 
 
 def test_loose_decodes_wait_a_step_while_a_higher_classs_prompt_needs_the_time():
@@ -136,6 +170,8 @@ def test_loose_decodes_wait_a_step_while_a_higher_classs_prompt_needs_the_time()
     now[0] += ITL_SHARE * 2.0  # the batch decodes' ITL slack is gone: they run, and the prompt gets the rest
     out = step(sched, runner)
     assert out.num_decodes == 11
+    assert out.num_prefill_tokens == int((ITL_SHARE * 0.1 - NOISE_MARGIN * sched.clock.noise() - 0.01 - 11 * 0.002)
+                                         / 0.001 + 1e-9)
     while not prompt.output_token_ids:
         step(sched, runner)
     out = step(sched, runner)

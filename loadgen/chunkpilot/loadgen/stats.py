@@ -46,8 +46,9 @@ class RequestRecord:
     def timed_itls(self) -> list[tuple[float, float]]:
         """(when, gap) for each token after the first chunk. A token without text of its own (one of the byte
         tokens of a character) reaches the client with the next chunk that has text, so a chunk may stand for k
-        tokens, k steps of the engine: its gap is split evenly over them, as vLLM's benchmark does with the
-        server's running usage. Timing chunks instead made a request whose answer was 19 CJK characters of 3
+        tokens, k steps of the engine: its gap is split evenly over them, from the server's running usage (as
+        the Kubernetes inference-perf benchmark derives gaps from tokens, and open vLLM pull requests propose for
+        `vllm bench serve`, which times chunks). Timing chunks instead made a request whose answer was 19 CJK characters of 3
         tokens each look like 1-s gaps where the engine's steps took 0.35 s. Without the counts, one token a
         chunk."""
         counted = len(self.token_counts) == len(self.token_times)

@@ -61,10 +61,11 @@ NOISE_MARGIN = 2.0
 # carries at most this many prompt tokens: small enough for any ITL a CPU keeps (about 0.12 s with SmolLM2), and
 # prompt steps of some size for the fit. Without it the first seconds of a run missed (a 512-token chunk: 0.9 s).
 COLD_PROMPT_TOKENS = 64
-# With SLO classes, no step takes longer than this share of the tightest TTFT threshold among the non-sheddable
-# classes, even with no decode to protect: a request arriving mid-step waits for the step's end, and a 512-token
-# chunk deep in a batch prompt took 1.3-1.7 s on the 2-core CPU, half of a 3-s TTFT gone before it was seen (one
-# such request missed by 0.2 s). Two shorter steps cost one more step's overhead (~0.05 s here).
+# With SLO classes, a step's prompt chunks end within this share of the tightest TTFT threshold among the
+# non-sheddable classes, even with no decode to protect (prompts keep at least half of it, whatever the decodes
+# take): a request arriving mid-step waits for the step's end, and a 512-token chunk deep in a batch prompt took
+# 1.3-1.7 s on the 2-core CPU, half of a 3-s TTFT gone before it was seen (one such request missed by 0.2 s). Two
+# shorter steps cost one more step's overhead (~0.05 s here).
 ARRIVAL_SHARE = 1 / 3
 
 
@@ -160,6 +161,7 @@ class Scheduler:
             raise RuntimeError(f"sequence {seq.request_id} is not a prefilled prompt with its first token")
         self.block_manager.commit(seq)  # its full blocks are verified now: others may share them
         seq.status = SequenceStatus.RUNNING
+        seq.last_token_time = self.now()  # its first token is here: its ITL slack runs from now
         self.running.append(seq)
 
     @property
@@ -305,8 +307,11 @@ class Scheduler:
 
         must = [s for s in decoding if slack(s) < 2 * step]  # the tightest class is always here
         chosen, ids = list(must), {id(s) for s in must}
-        for s in sorted((s for s in decoding if id(s) not in ids), key=slack):
-            if base([*chosen, s]) + room[s.priority] <= step:
+        # higher classes first, so a lower class's decode never takes the room kept for a middle class's prompts; a
+        # decode without an ITL (or no token time yet) has no slack to run out, so it does not give way to prompts
+        # (it would wait for as long as they keep coming), only to a step that does not fit
+        for s in sorted((s for s in decoding if id(s) not in ids), key=lambda q: (-q.priority, slack(q))):
+            if base([*chosen, s]) + (room[s.priority] if math.isfinite(slack(s)) else 0.0) <= step:
                 chosen.append(s)
         return sorted(chosen, key=lambda q: -q.priority)
 
@@ -405,7 +410,7 @@ class Scheduler:
                     continue
                 name = seq.slo_class.name if seq.slo_class is not None else ""
                 room = budget - (sum(v for k, v in reserved.items() if k != name) if keep_shares else 0)
-                if time_left is not None:  # the chunk must end within the tightest decode's ITL
+                if time_left is not None:  # within the tightest decode's ITL and the arrival cap
                     fits = self.clock.chunk_tokens_within(time_left, seq.num_computed_tokens)
                     room = room if fits is None else min(room, fits)
                 if room <= 0:
