@@ -95,6 +95,14 @@ def test_streams_with_usage(client, offline):
     counts = [c.usage.completion_tokens for c in text]
     assert counts == sorted(counts) and counts[-1] == len(ref.token_ids) == 12 and len(counts) < 12, counts
     assert chunks[-1].usage.completion_tokens == 12
+    # the chat stream's too, its role chunk included (no completion token yet), as vLLM's
+    chunks = list(client.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True,
+                                                                              "continuous_usage_stats": True}))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].usage.completion_tokens == 0
+    assert all(c.usage is not None and c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens > 0 for c in chunks)
+    assert [c.usage.completion_tokens for c in chunks] == sorted(c.usage.completion_tokens for c in chunks)
+    assert chunks[-1].usage.completion_tokens == 6
 
 
 def test_async_client_and_logprobs(server, offline):

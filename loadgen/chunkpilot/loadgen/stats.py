@@ -48,8 +48,8 @@ class RequestRecord:
         tokens of a character) reaches the client with the next chunk that has text, so a chunk may stand for k
         tokens, k steps of the engine: its gap is split evenly over them, from the server's running usage (as
         the Kubernetes inference-perf benchmark derives gaps from tokens, and open vLLM pull requests propose for
-        `vllm bench serve`, which times chunks). Timing chunks instead made a request whose answer was 19 CJK characters of 3
-        tokens each look like 1-s gaps where the engine's steps took 0.35 s. Without the counts, one token a
+        `vllm bench serve`, which times chunks). Timing chunks made a request whose answer was 19 CJK characters
+        of 3 tokens each look like 1-s gaps where the engine's steps took 0.35 s. Without the counts, one token a
         chunk."""
         counted = len(self.token_counts) == len(self.token_times)
         out = []

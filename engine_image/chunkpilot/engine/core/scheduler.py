@@ -198,7 +198,10 @@ class Scheduler:
         made_room = len(out.preempted)  # preempted for a higher class's admission, not for want of KV
         # 1. One token for every running decode, oldest first (with classes, the higher classes first); free blocks
         #    by preempting the newest (with classes, of the lowest class, never a higher one).
-        decoding = self._decodes_this_step(self._prompt_candidates(set()), knobs) if self.by_class else list(self.running)
+        # with classes, the prompt candidates once a step (relegation hashes a prompt near its deadline): the decodes
+        # keep room for them, then they get the step's prompt chunks
+        prompts = self._prompt_candidates() if self.by_class else []
+        decoding = self._decodes_this_step(prompts, knobs) if self.by_class else list(self.running)
         for seq in decoding:
             if seq.status is not SequenceStatus.RUNNING or not seq.is_decoding:
                 continue
@@ -223,7 +226,7 @@ class Scheduler:
                 time_left = arrival if time_left is None else min(time_left, arrival)
             if time_left is not None and self.clock.coefficients() is None:  # a deadline, no clock yet
                 budget, time_left = min(budget, COLD_PROMPT_TOKENS), None
-            self._prompts_by_class(out, scheduled, budget, knobs, time_left,
+            self._prompts_by_class(prompts, out, scheduled, budget, knobs, time_left,
                                    admitting=len(out.preempted) == made_room)
             if not out.chunks and self.running and len(self.running) > 1:
                 self._preempt(self._victim(scheduled, None) or self.running[-1], out)
@@ -315,12 +318,14 @@ class Scheduler:
                 chosen.append(s)
         return sorted(chosen, key=lambda q: -q.priority)
 
-    def _prompt_candidates(self, scheduled: set[int]) -> list[Sequence]:
-        """The prompts that may get a chunk this step (running ones not yet scheduled, then the waiting), with the
-        hopeless ones relegated."""
-        candidates = [s for s in self.running if s.status is SequenceStatus.RUNNING
-                      and id(s) not in scheduled and not s.is_decoding] + list(self.waiting)
+    def _prompt_candidates(self) -> list[Sequence]:
+        """The prompts that may get a chunk this step (running ones without their first token, then the waiting),
+        in prompt order (_order), with the hopeless ones relegated first. Taken before the decodes: one that a
+        decode's preemption puts back in the queue this step is not among them, and waits for the next."""
+        candidates = [s for s in self.running if s.status is SequenceStatus.RUNNING and not s.is_decoding] \
+            + list(self.waiting)
         self._relegate(candidates)
+        candidates.sort(key=self._order)
         return candidates
 
     def _prompt_room(self, prompts: list[Sequence], priorities: set[int], knobs: SchedulerKnobs
@@ -328,10 +333,10 @@ class Scheduler:
         """For each decode priority, the seconds a step should keep for the prompt work of the classes above it
         that can still make their TTFT: one chunk each (max_chunk), at most the token budget in all."""
         room = {}
+        promised = [q for q in prompts if not q.relegated and math.isfinite(q.ttft_deadline)]  # in _order already
         for p in priorities:
             tokens, seconds = knobs.token_budget, 0.0
-            for seq in sorted((q for q in prompts if q.priority > p and not q.relegated
-                               and math.isfinite(q.ttft_deadline)), key=self._order):
+            for seq in (q for q in promised if q.priority > p):
                 n = min(seq.num_uncomputed, knobs.max_chunk, tokens)
                 if n <= 0:
                     break
@@ -387,13 +392,11 @@ class Scheduler:
                     continue
             seq.relegated = True
 
-    def _prompts_by_class(self, out: SchedulerOutput, scheduled: set[int], budget: int, knobs: SchedulerKnobs,
-                          time_left: float | None, admitting: bool) -> None:
-        """Steps 2 and 3 with classes: running prompts and waiting ones in one order (_order); first each class's
+    def _prompts_by_class(self, candidates: list[Sequence], out: SchedulerOutput, scheduled: set[int], budget: int,
+                          knobs: SchedulerKnobs, time_left: float | None, admitting: bool) -> None:
+        """Steps 2 and 3 with classes: the prompt candidates (running and waiting, in _order); first each class's
         share of the step's prompt tokens is kept for it while it has prompt work, then what is left goes in order
         to anyone (work-conserving)."""
-        candidates = self._prompt_candidates(scheduled)
-        candidates.sort(key=self._order)
         if not candidates or budget <= 0:
             return
         reserved: dict[str, int] = {}

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from chunkpilot.engine.core.outputs import RequestOutput, TokenLogprob
 from chunkpilot.engine.model.tokenizer import Tokenizer
@@ -121,7 +122,8 @@ async def chat_chunks(stream, rid: str, model: str, body: ChatCompletionRequest,
             c["usage"] = _usage(out, details) if continuous and out is not None else None
         return c
 
-    yield chunk({"role": "assistant", "content": ""})
+    # with continuous usage the role chunk counts too, as vLLM's does: the prompt, no completion token yet
+    yield chunk({"role": "assistant", "content": ""}, out=replace(stream[0], num_output_tokens=0))
     async for out in _outputs(stream):
         last = out
         if not out.new_text and not out.finished and not out.new_logprobs:
