@@ -32,6 +32,7 @@ SUITES = {  # name: (results name, test file, the env var it writes its timings 
              {"apply_to_scheduled_s": "apply → scheduled", "apply_to_ready_s": "apply → Ready",
               "apply_to_first_token_s": "apply → first token", "status_to_configmap_s": "tuner write → ConfigMap",
               "write_to_engine_s": "tuner write → engine applied", "write_to_ack_s": "tuner write → acknowledged",
+              "delete_to_pod_deletion_s": "delete → pod deleted (garbage collector)",
               "delete_to_pod_gone_s": "delete → pod gone",
               "container_kill_to_current_knobs_s": "container killed → current knobs",
               "configmap_invalid_json_to_put_back_s": "ConfigMap invalid JSON → put back",

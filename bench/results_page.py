@@ -282,7 +282,9 @@ def local_cluster(d: dict) -> list[str]:
         "write_to_engine_s": "tuner's knobs in status → engine applied (the operator's push)",
         "write_to_ack_s": "tuner's knobs in status → every pod's acknowledgement in status.knobs",
         "configmap_to_engine_s": "ConfigMap → engine applied (the kubelet's volume sync; runs before the push)",
-        "delete_to_pod_gone_s": "delete → pod gone (preStop, drain)",
+        "delete_to_pod_deletion_s": "delete → the pod's own deletion (Kubernetes' garbage collector: the "
+                                    "Deployment, its ReplicaSet, then the pod)",
+        "delete_to_pod_gone_s": "delete → pod gone (the cascade, then preStop and drain)",
         "container_kill_to_current_knobs_s": "engine container killed → restarted, running the current knobs",
         "configmap_invalid_json_to_put_back_s": "knobs ConfigMap edited by hand to invalid JSON → put back by the operator (the pod keeps the decided knobs)",
         "configmap_out_of_bounds_to_put_back_s": "… to knobs outside the engine's bounds → the same",
