@@ -52,11 +52,12 @@ from chunkpilot.engine.core.step_clock import StepClock
 MIN_ACCEPTANCE = 0.3  # 0.25 and 0.4 measured alike at batch 1 (bench/speculative.py)
 DRAFT_PAUSES = (4, 32)  # the first pause and the longest
 ACCEPTANCE_WEIGHT = 0.5  # of the newest step in the moving average
-# With SLO classes, a step may take this share of the tightest running decode's ITL threshold, less NOISE_MARGIN
-# times the step clock's noise: the rest is the step loop's own time between steps and the fit's error. (At 0.8
-# alone, on the shared 2-core CPU, steps aimed at 0.4 s for a 0.5-s ITL overran it in ~1 request in 7 at 0.6/s.)
+# With SLO classes, a step may take this share of the tightest running decode's ITL threshold, as the step clock
+# predicts it times the clock's overrun (how much longer than predicted recent prompt steps ran): the rest is the
+# step loop's own time between steps. (At 0.8 alone, on the shared 2-core CPU, steps aimed at 0.4 s for a 0.5-s ITL
+# overran it in ~1 request in 7 at 0.6/s; with twice the fit's residual spread subtracted, an absolute margin, steps
+# 30-40 % over their prediction still missed.)
 ITL_SHARE = 0.8
-NOISE_MARGIN = 2.0
 # Until the step clock has seen enough steps to fit (step_clock.MIN_STEPS), a step with a decode that has an ITL
 # carries at most this many prompt tokens: small enough for any ITL a CPU keeps (about 0.12 s with SmolLM2), and
 # prompt steps of some size for the fit. Without it the first seconds of a run missed (a 512-token chunk: 0.9 s).
@@ -222,7 +223,8 @@ class Scheduler:
                 base = self.clock.base_seconds(len(decodes), sum(kv_kilotokens(c.start, c.num_tokens)
                                                                  for c in decodes))
                 # decodes are never cut for it: whatever they take, prompts keep at least half the cap
-                arrival = max(self.arrival_step - base - NOISE_MARGIN * self.clock.noise(), self.arrival_step / 2)
+                cap = self.arrival_step / self.clock.overrun()  # as the clock predicts: steps may run longer
+                arrival = max(cap - base, cap / 2)
                 time_left = arrival if time_left is None else min(time_left, arrival)
             if time_left is not None and self.clock.coefficients() is None:  # a deadline, no clock yet
                 budget, time_left = min(budget, COLD_PROMPT_TOKENS), None
@@ -359,8 +361,9 @@ class Scheduler:
         return self._step_limit(itl) - base - drafts
 
     def _step_limit(self, itl: float) -> float:
-        """The longest step a decode with ITL threshold `itl` allows, as the clock predicts steps."""
-        return ITL_SHARE * itl - NOISE_MARGIN * self.clock.noise()
+        """The longest step a decode with ITL threshold `itl` allows, as the clock predicts steps (a step the clock
+        predicts at this may run its overrun longer)."""
+        return ITL_SHARE * itl / self.clock.overrun()
 
     @staticmethod
     def _order(seq: Sequence) -> tuple:
