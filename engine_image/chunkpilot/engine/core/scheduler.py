@@ -274,7 +274,10 @@ class Scheduler:
 
     # ---- per-request SLO classes ---------------------------------------------------------------------------
     def observe(self, sched: SchedulerOutput, seconds: float) -> None:
-        """A step's time, for the step clock (the step loop and the simulator call it after every step)."""
+        """A step's time, for the step clock (the step loop and the simulator call it after every step). Without
+        classes nothing reads the clock, so it is not fed (the simulator replays thousands of steps a trial)."""
+        if not self.by_class:
+            return
         kv = sum(kv_kilotokens(c.start, c.num_tokens) for c in sched.chunks)
         self.clock.add(sched.num_prefill_tokens + sched.num_draft_tokens, sched.num_decodes, kv, seconds)
 
