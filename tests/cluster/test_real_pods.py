@@ -605,7 +605,7 @@ def test_controllers_prometheus_and_the_api_server_fail_while_streams_run_and_no
 def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(stack):
     """Delete the InferenceDeployment: the pod gets preStop, then SIGTERM. A stream that can finish within the
     engine's grace period finishes; one that cannot is aborted with an error event the client reads (not a cut
-    connection); the pod is gone within the termination grace period."""
+    connection); the engine exits by itself within the termination grace period of the pod's deletion."""
     import openai
 
     from chunkpilot.operator.builders import TERMINATION_GRACE_SECONDS
@@ -654,11 +654,12 @@ def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(st
     # InferenceDeployment's (owner references, background cascade: Deployment, then ReplicaSet, then pod). Right after
     # the control-plane outage of the test before, that cascade took 40 s in one CI run: Kubernetes' time, reported,
     # not the engine's, which is judged from the pod's deletion.
-    last: dict = {"containers": {}, "finished": {}, "log": "", "pod_deleted": None}
+    last: dict = {"containers": {}, "finished": {}, "log": "", "pod_deleted": None, "gone": None}
 
     def gone():
         seen = stack.k.get("pods", NS, pod.metadata.name)
         if seen is None:
+            last["gone"] = datetime.datetime.now(datetime.timezone.utc)
             return True
         meta = seen["metadata"]
         if meta.get("deletionTimestamp") and last["pod_deleted"] is None:
@@ -674,9 +675,9 @@ def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(st
                                                   f"{(finished - deleted_at).total_seconds():.0f} s after the delete")
         last["log"] = stack.cluster.pod_log(NS, pod.metadata.name, 1500) or last["log"]
         return False
-    poll(gone, TERMINATION_GRACE_SECONDS + 120, "the pod deleted", stack.diagnose)
+    poll(gone, TERMINATION_GRACE_SECONDS + 120, "the pod deleted", stack.diagnose, interval=0.25)
     TIMINGS["delete_to_pod_gone_s"] = time.monotonic() - t0
-    cascade = (last["pod_deleted"] - deleted_at).total_seconds() if last["pod_deleted"] else None
+    cascade = max(0.0, (last["pod_deleted"] - deleted_at).total_seconds()) if last["pod_deleted"] else None
     if cascade is not None:
         TIMINGS["delete_to_pod_deletion_s"] = cascade
     print(f"\ndelete -> pod deleted by the garbage collector {cascade} s; -> pod gone "
@@ -685,11 +686,15 @@ def test_deleting_drains_in_flight_streams_with_an_error_event_not_a_bare_eof(st
     assert outcome["short"] == "length", outcome
     assert str(outcome["long"]).startswith("error event:") and "shutting down" in str(outcome["long"]), outcome
     # the engine left by itself (exit 0: drained, aborted, flushed), within the grace period of the pod's deletion;
-    # deletionTimestamp has whole seconds, hence the 2 s
-    assert last["pod_deleted"] is not None and "engine" in last["finished"], last
-    engine_took = (last["finished"]["engine"] - last["pod_deleted"]).total_seconds()
-    assert last["containers"]["engine"].startswith("exit 0 "), (last["containers"], last["log"])
-    assert engine_took < TERMINATION_GRACE_SECONDS + 2, (engine_took, last["containers"], last["log"])
+    # deletionTimestamp and finishedAt have whole seconds, hence the 2 s
+    assert last["pod_deleted"] is not None, last
+    if "engine" in last["finished"]:
+        engine_took = (last["finished"]["engine"] - last["pod_deleted"]).total_seconds()
+        assert last["containers"]["engine"].startswith("exit 0 "), (last["containers"], last["log"])
+        assert engine_took < TERMINATION_GRACE_SECONDS + 2, (engine_took, last["containers"], last["log"])
+    else:  # the pod went between two reads (its terminated status lives a second or so): its removal is the bound
+        removed = (last["gone"] - last["pod_deleted"]).total_seconds()
+        assert removed < TERMINATION_GRACE_SECONDS + 10, (removed, last["log"])
 
 
 def failing_engine(stack, name: str, model_dir: str, what: str, timing: str) -> tuple[dict, dict]:

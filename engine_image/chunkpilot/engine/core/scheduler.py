@@ -63,8 +63,8 @@ ITL_SHARE = 0.8
 # prompt steps of some size for the fit. Without it the first seconds of a run missed (a 512-token chunk: 0.9 s).
 COLD_PROMPT_TOKENS = 64
 # With SLO classes, a step's prompt chunks end within this share of the tightest TTFT threshold among the
-# non-sheddable classes, even with no decode to protect (prompts keep at least half of it, whatever the decodes
-# take): a request arriving mid-step waits for the step's end, and a 512-token chunk deep in a batch prompt took
+# non-sheddable classes, as the step clock predicts it times its overrun, even with no decode to protect (prompts
+# keep at least half of it, whatever the decodes take): a request arriving mid-step waits for the step's end, and a 512-token chunk deep in a batch prompt took
 # 1.3-1.7 s on the 2-core CPU, half of a 3-s TTFT gone before it was seen (one such request missed by 0.2 s). Two
 # shorter steps cost one more step's overhead (~0.05 s here).
 ARRIVAL_SHARE = 1 / 3
@@ -279,7 +279,8 @@ class Scheduler:
         if not self.by_class:
             return
         kv = sum(kv_kilotokens(c.start, c.num_tokens) for c in sched.chunks)
-        self.clock.add(sched.num_prefill_tokens + sched.num_draft_tokens, sched.num_decodes, kv, seconds)
+        self.clock.add(sched.num_prefill_tokens + sched.num_draft_tokens, sched.num_decodes, kv, seconds,
+                       judged=sched.num_prefill_tokens > 0)  # its overrun: the steps sized for prompt chunks
 
     def _decodes_this_step(self, prompts: list[Sequence], knobs: SchedulerKnobs) -> list[Sequence]:
         """With classes, the running decodes this step carries, higher classes first: all of them while their
@@ -313,7 +314,8 @@ class Scheduler:
                 return math.inf
             return ITL_SHARE * c.slo.itl.threshold - (now - s.last_token_time)
 
-        must = [s for s in decoding if slack(s) < 2 * step]  # the tightest class is always here
+        # a decode that could not wait two more steps runs: as they really take (the prediction times the overrun)
+        must = [s for s in decoding if slack(s) < 2 * step * self.clock.overrun()]  # the tightest class always
         chosen, ids = list(must), {id(s) for s in must}
         # higher classes first, so a lower class's decode never takes the room kept for a middle class's prompts; a
         # decode without an ITL (or no token time yet) has no slack to run out, so it does not give way to prompts

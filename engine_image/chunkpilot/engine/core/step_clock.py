@@ -7,7 +7,7 @@ step-cost contract's attention term, chunkpilot.contract.step_cost.kv_kilotokens
 reads every key before it, so 256 tokens at position 2,000 cost nearly twice what they cost at 0 on the CPU).
 Least squares over the steps with exponentially fading weights (a step's weight halves every HALF_LIFE steps), so
 a changed load or a warmed-up device is followed within a few hundred steps. Torch-free; the scheduler owns one
-and the step loop (or the simulator) feeds it every step.
+and, with classes (nothing reads it without), the step loop (or the simulator) feeds it every step.
 
 What a step may be off by is relative: the clock keeps each recent prompt step's measured over predicted time, and
 `overrun()` is an upper quantile of that ratio, the factor the scheduler divides its step target by. (An absolute
@@ -27,8 +27,9 @@ HALF_LIFE = 200  # steps
 MIN_STEPS = 16  # before this many steps the clock answers nothing: no cap rather than a guess
 MIN_PROMPT_STEPS = 4  # steps with prompt tokens: the per-token cost needs them (decode-only steps fix the rest)
 # The overrun: this quantile of the last RATIO_WINDOW prompt steps' measured / predicted time (the steps whose size
-# the scheduler chooses). Until MIN_RATIOS are in, PRIOR_OVERRUN: the 90th percentile measured on the shared 2-core
-# CPU, so a cold engine errs short; a quiet device measures its own (a GPU's steps land within a few percent).
+# the scheduler chooses: prompt chunks). Until MIN_RATIOS are in, PRIOR_OVERRUN: about the 90th percentile measured
+# on the shared 2-core CPU (its 95th is a little higher), so a cold engine's steps are sized a little shorter than
+# the CPU needs rather than much longer than a quiet device does; a GPU measures its own (within a few percent).
 OVERRUN_QUANTILE = 0.95
 RATIO_WINDOW = 256
 MIN_RATIOS = 32
@@ -46,10 +47,12 @@ class StepClock:
         self._ratios: deque[float] = deque(maxlen=RATIO_WINDOW)
         self._overrun: float | None = None
 
-    def add(self, prompt_tokens: int, decodes: int, kv_kilo: float, seconds: float) -> None:
+    def add(self, prompt_tokens: int, decodes: int, kv_kilo: float, seconds: float, judged: bool = True) -> None:
+        """A step's time; `judged`: a step the scheduler sized (prompt chunks, not only drafts), whose measured over
+        predicted time counts in the overrun."""
         x = np.array((1.0, float(prompt_tokens), float(decodes), float(kv_kilo)))
         c = self.coefficients()
-        if c is not None and prompt_tokens > 0:  # judged by the fit it was sized with, before it joins the fit
+        if c is not None and judged and prompt_tokens > 0:  # by the fit it was sized with, before it joins it
             predicted = float(c @ x)
             if predicted > 0:
                 self._ratios.append(seconds / predicted)
