@@ -64,9 +64,9 @@ ITL_SHARE = 0.8
 COLD_PROMPT_TOKENS = 64
 # With SLO classes, a step's prompt chunks end within this share of the tightest TTFT threshold among the
 # non-sheddable classes, as the step clock predicts it times its overrun, even with no decode to protect (prompts
-# keep at least half of it, whatever the decodes take): a request arriving mid-step waits for the step's end, and a 512-token chunk deep in a batch prompt took
-# 1.3-1.7 s on the 2-core CPU, half of a 3-s TTFT gone before it was seen (one such request missed by 0.2 s). Two
-# shorter steps cost one more step's overhead (~0.05 s here).
+# keep at least half of it, whatever the decodes take): a request arriving mid-step waits for the step's end, and
+# a 512-token chunk deep in a batch prompt took 1.3-1.7 s on the 2-core CPU, half of a 3-s TTFT gone before it was
+# seen (one such request missed by 0.2 s). Two shorter steps cost one more step's overhead (~0.05 s here).
 ARRIVAL_SHARE = 1 / 3
 
 
